@@ -1,0 +1,105 @@
+"""Benchmark the drafter: the same held-out prompts through a baseline and an EAGLE-3 vLLM server.
+
+Acceptance is read from the EAGLE-3 server's own Prometheus counters, as deltas around each
+prompt set, so it is the engine's measurement, not ours. τ here is the **pooled** mean
+acceptance length, ``1 + accepted draft tokens / drafts`` over all drafts of the set (not a mean
+of per-request τ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from draftsmith.client import ChatClient, RetryPolicy
+from draftsmith.datasets import Prompt
+
+SPEC_PREFIX = "vllm:spec_decode_"
+
+
+def normalize(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def decontaminate(prompts: list[Prompt], training_first_turns: set[str]) -> tuple[list[Prompt], list[str]]:
+    """Drop benchmark prompts whose first turn also appears (normalised) in the training prompts."""
+    kept, dropped = [], []
+    for p in prompts:
+        (dropped if normalize(p.turns[0]) in training_first_turns else kept).append(p)
+    return kept, [p.id for p in dropped]
+
+
+def scrape_spec_counters(root_url: str) -> dict[str, float]:
+    """Sum vLLM's speculative-decoding counters; per-position ones are keyed ``per_pos_<k>``."""
+    text = httpx.get(root_url + "/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.startswith(SPEC_PREFIX) or not sample.name.endswith("_total"):
+                continue
+            name = sample.name.removeprefix(SPEC_PREFIX).removesuffix("_total")
+            if "position" in sample.labels:
+                name = f"per_pos_{sample.labels['position']}"
+            out[name] = out.get(name, 0.0) + sample.value
+    return out
+
+
+def acceptance(before: dict[str, float], after: dict[str, float]) -> dict:
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    drafts = delta.get("num_drafts", 0.0)
+    accepted = delta.get("num_accepted_tokens", 0.0)
+    positions = sorted(int(k.removeprefix("per_pos_")) for k in delta if k.startswith("per_pos_"))
+    return {
+        "drafts": drafts,
+        "draft_tokens": delta.get("num_draft_tokens", 0.0),
+        "accepted_tokens": accepted,
+        "tau_pooled": 1.0 + accepted / drafts if drafts else None,
+        "acceptance_rate_per_position": [delta[f"per_pos_{k}"] / drafts if drafts else None for k in positions],
+    }
+
+
+@dataclass
+class SetRun:
+    requests: int
+    output_tokens: int
+    wall_s: float
+
+    def as_dict(self) -> dict:
+        return {"requests": self.requests, "output_tokens": self.output_tokens, "wall_s": round(self.wall_s, 3),
+                "output_tok_s": self.output_tokens / self.wall_s if self.wall_s else None}
+
+
+async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int) -> SetRun:
+    """Send every prompt (all turns, answered in order) and time the whole set."""
+    client = ChatClient(base_url, model, request_timeout_s=3600, retry=RetryPolicy(max_attempts=2),
+                        max_connections=concurrency)
+    slots = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(p: Prompt) -> None:
+        nonlocal tokens
+        messages: list[dict] = [{"role": "system", "content": p.system}] if p.system else []
+        async with slots:
+            for turn in p.turns:
+                messages.append({"role": "user", "content": turn})
+                result = await client.chat(messages, sampling)
+                messages.append({"role": "assistant", "content": result.content})
+                tokens += result.completion_tokens
+
+    try:
+        await one(prompts[0])  # warm-up, not timed
+        tokens = 0
+        started = time.monotonic()
+        await asyncio.gather(*(one(p) for p in prompts))
+        return SetRun(len(prompts), tokens, time.monotonic() - started)
+    finally:
+        await client.aclose()
+
+
+def root_of(base_url: str) -> str:
+    return base_url.removesuffix("/v1")

