@@ -1,0 +1,46 @@
+from draftsmith.bench import acceptance, decontaminate, normalize
+from draftsmith.datasets import Prompt
+
+# An excerpt of vLLM 0.32's /metrics text with speculative decoding on.
+METRICS = """
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 12.0
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 7.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 1.0
+"""
+
+
+def test_tau_is_pooled_from_counter_deltas(monkeypatch):
+    import httpx
+
+    from draftsmith import bench
+
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=METRICS))
+    after = bench.scrape_spec_counters("http://x")
+    assert after == {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12,
+                     "per_pos_0": 7, "per_pos_1": 4, "per_pos_2": 1}
+    before = {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 2, "per_pos_0": 2, "per_pos_1": 0,
+              "per_pos_2": 0}
+    res = acceptance(before, after)
+    assert res["tau_pooled"] == 1 + 10 / 8
+    assert res["acceptance_rate_per_position"] == [5 / 8, 4 / 8, 1 / 8]
+
+
+def test_no_drafts_gives_no_tau_rather_than_a_fake_one():
+    assert acceptance({}, {"num_drafts": 0.0})["tau_pooled"] is None
+
+
+def test_decontamination_drops_prompts_seen_in_training():
+    prompts = [Prompt("a", ["Explain  Gravity."]), Prompt("b", ["Something new"])]
+    kept, dropped = decontaminate(prompts, {normalize("explain gravity.")})
+    assert [p.id for p in kept] == ["b"] and dropped == ["a"]

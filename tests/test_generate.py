@@ -1,0 +1,188 @@
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from draftsmith.client import RetryPolicy
+from draftsmith.datasets import Prompt
+from draftsmith.generate import GenerationSettings, Journal, Outputs, generate, make_client
+from tests.conftest import REPO
+from tests.fault_server import FaultServer
+
+
+@pytest.fixture()
+def server():
+    with FaultServer() as srv:
+        yield srv
+
+
+def outputs(tmp_path):
+    return Outputs(tmp_path / "out.jsonl", tmp_path / "stats.json", tmp_path / "errors.jsonl",
+                   tmp_path / "journal" / "j.jsonl")
+
+
+def run(server, prompts, tmp_path, *, settings=None, max_samples=None, token_budget=None, api_key_env=None):
+    settings = settings or GenerationSettings(concurrency=4, request_timeout_s=1.0, connect_timeout_s=1.0)
+    client = make_client(server.base_url, "m", settings, api_key_env, {"X-Extra": "yes"})
+    client.retry = RetryPolicy(max_attempts=settings.max_attempts, backoff_base_s=0.01, backoff_max_s=0.05)
+
+    async def go():
+        try:
+            return await generate(prompts, client, settings, outputs(tmp_path), max_samples=max_samples,
+                                  token_budget=token_budget, dataset="d")
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def P(pid, *turns):
+    return Prompt(pid, list(turns))
+
+
+def test_every_fault_is_retried_or_counted(server, tmp_path):
+    prompts = [P(f"p{k}", f"q{k} fault={k}x1") for k in ("500", "429", "reset", "timeout", "malformed", "empty")]
+    prompts += [P("p503", "q fault=503x2"), P("dead", "q fault=500xall"), P("bad", "q fault=400x1")]
+    stats = run(server, prompts, tmp_path)
+    got = {r["id"] for r in read(tmp_path / "out.jsonl")}
+    assert got == {p.id for p in prompts} - {"dead", "bad"}
+    errors = {e["id"]: e for e in read(tmp_path / "errors.jsonl")}
+    assert errors["dead"]["error_class"] == "http_500" and errors["dead"]["attempts"] == 5
+    assert errors["bad"]["error_class"] == "http_400" and errors["bad"]["attempts"] == 1
+    assert stats["errors"] == 2 and stats["errors_by_class"] == {"http_500": 1, "http_400": 1}
+    assert stats["retries_by_class"] == {"http_500": 1 + 4, "http_429": 1, "connection": 1, "timeout": 1,
+                                         "malformed_json": 1, "empty_choices": 1, "http_503": 2}
+    assert stats["records"] == 7
+
+
+def test_retry_after_wins_over_short_backoff():
+    policy = RetryPolicy(backoff_base_s=0.01, backoff_max_s=0.05)
+    assert policy.delay(1, retry_after=3.0) == 3.0
+    assert policy.delay(3, retry_after=None) <= 0.05
+
+
+def test_token_budget_stops_launching(server, tmp_path):
+    prompts = [P(f"p{i}", f"q{i} tokens=10") for i in range(10)]
+    settings = GenerationSettings(concurrency=1, request_timeout_s=5)
+    stats = run(server, prompts, tmp_path, settings=settings, token_budget=35)
+    # Launch while journaled + expected in-flight < budget: 0, 10, 20, 30 launch; 40 stops.
+    assert stats["records"] == 4 and stats["completion_tokens"] == 40
+    # Already at budget: a rerun finishes at once without a request.
+    before = len(server.requests)
+    run(server, prompts, tmp_path, settings=settings, token_budget=35)
+    assert len(server.requests) == before
+
+
+def test_max_samples_and_finish_reason_policies(server, tmp_path):
+    prompts = [P("a", "a finish=length"), P("b", "b"), P("c", "c finish=length"), P("d", "d")]
+    stats = run(server, prompts, tmp_path / "drop", settings=GenerationSettings(finish_reason_policy="drop"))
+    assert [r["id"] for r in read(tmp_path / "drop" / "out.jsonl")] == ["b", "d"]
+    assert stats["dropped_truncated"] == 2
+    run(server, prompts, tmp_path / "mark", settings=GenerationSettings(finish_reason_policy="mark"), max_samples=3)
+    marked = {r["id"]: r["truncated"] for r in read(tmp_path / "mark" / "out.jsonl")}
+    assert marked == {"a": True, "b": False, "c": True}
+
+
+def test_multi_turn_reasoning_and_secret_handling(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("DS_TEST_KEY", "sk-very-secret")
+    run(server, [P("mt", "first think", "second")], tmp_path, api_key_env="DS_TEST_KEY")
+    (rec,) = read(tmp_path / "out.jsonl")
+    roles = [m["role"] for m in rec["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert rec["messages"][1]["reasoning"] == "thinking it over"
+    assert "reasoning" not in rec["messages"][3]
+    assert len(server.requests[-1]["messages"]) == 3  # the second turn saw the first answer
+    assert set(server.auth_headers) == {"Bearer sk-very-secret"}
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert "sk-very-secret" not in path.read_text()
+
+
+def test_missing_api_key_env_is_a_clear_error(server, tmp_path, monkeypatch):
+    monkeypatch.delenv("DS_ABSENT_KEY", raising=False)
+    with pytest.raises(ValueError, match="DS_ABSENT_KEY"):
+        run(server, [P("a", "a")], tmp_path, api_key_env="DS_ABSENT_KEY")
+
+
+def test_resume_skips_journaled_ids_and_drops_a_cut_line(server, tmp_path):
+    prompts = [P(f"p{i}", f"q{i}") for i in range(5)]
+    run(server, prompts[:2], tmp_path)
+    journal = tmp_path / "journal" / "j.jsonl"
+    with journal.open("a") as fh:
+        fh.write('{"format": 1, "id": "p2", "status": "o')  # a kill -9 mid-write
+    sent_before = len(server.requests)
+    run(server, prompts, tmp_path)
+    assert len(server.requests) - sent_before == 3  # p2 (cut), p3, p4
+    ids = [r["id"] for r in read(tmp_path / "out.jsonl")]
+    assert ids == [p.id for p in prompts]
+    assert len(read(journal)) == 5
+
+
+def test_journal_from_another_format_is_refused(tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text(json.dumps({"format": 0, "id": "x"}) + "\n")
+    with pytest.raises(ValueError, match="record format 0.*delete the journal"):
+        Journal(path, 1).load()
+
+
+DRIVER = """
+import asyncio, sys
+from pathlib import Path
+from draftsmith.datasets import Prompt
+from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
+url, out = sys.argv[1], Path(sys.argv[2])
+prompts = [Prompt(f"p{i}", [f"q{i} delay={0.2 * (i % 5):.1f}"]) for i in range(40)]
+settings = GenerationSettings(concurrency=4, fsync_every=1)
+async def main():
+    client = make_client(url, "m", settings, None, None)
+    try:
+        await generate(prompts, client, settings, Outputs(out / "r.jsonl", out / "s.json", out / "e.jsonl",
+                       out / "j.jsonl"), max_samples=None, token_budget=None, dataset="d")
+    finally:
+        await client.aclose()
+asyncio.run(main())
+"""
+
+
+def start_driver(server, tmp_path):
+    return subprocess.Popen([sys.executable, "-c", DRIVER, server.base_url, str(tmp_path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_journal(path, lines, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().count("\n") >= lines:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never reached {lines} lines")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_run_resumes_with_every_id_exactly_once(server, tmp_path, sig):
+    proc = start_driver(server, tmp_path)
+    wait_for_journal(tmp_path / "j.jsonl", 6)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    if sig == signal.SIGTERM:
+        assert "interrupted" in err and "rerun resumes" in err
+    assert not (tmp_path / "r.jsonl").exists()  # the declared output only appears when complete
+    journaled = [json.loads(line)["id"] for line in (tmp_path / "j.jsonl").read_text().splitlines()
+                 if line.endswith("}")]
+    proc = start_driver(server, tmp_path)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    ids = [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(ids) == sorted(f"p{i}" for i in range(40)) and len(ids) == len(set(ids)) == 40
+    resent = [r["messages"][0]["content"].split()[0] for r in server.requests[-(40 - len(journaled)):]]
+    assert not {f"q{j[1:]}" for j in journaled} & set(resent)  # journaled ids were not sent again

@@ -1,0 +1,32 @@
+import json
+
+import pytest
+
+from draftsmith.server import ServerError, ServerSpec, managed_server, server_env
+
+
+def test_command_carries_engine_configs():
+    spec = ServerSpec(model="m", max_model_len=1024, extra_args=["--enforce-eager"],
+                      speculative_config={"method": "eagle3", "model": "results/drafter", "num_speculative_tokens": 3})
+    cmd = spec.command(8000)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--port") + 1] == "8000" and cmd[cmd.index("--max-model-len") + 1] == "1024"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["method"] == "eagle3"
+    assert cmd[-1] == "--enforce-eager"
+
+
+def test_thread_count_variables_are_not_inherited(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "2")
+    env = server_env({"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert server_env({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"  # explicit config wins
+
+
+def test_server_that_dies_reports_its_log(tmp_path):
+    spec = ServerSpec(model=str(tmp_path / "no-such-model"), startup_timeout_s=300)
+    with pytest.raises(ServerError, match="exited with code") as err:
+        with managed_server(spec, tmp_path / "server.log"):
+            pass
+    assert "last lines of" in str(err.value)
