@@ -65,7 +65,13 @@ class _Retryable(Exception):
 
 
 class ChatClient:
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+    """Chat completions against one or more OpenAI-compatible endpoints.
+
+    With several base URLs (one server per node, say) every attempt goes to the endpoint with
+    the fewest requests in flight, so a retry after a failure usually lands elsewhere.
+    """
+
+    def __init__(self, base_urls: str | list[str], model: str, *, api_key: str | None = None,
                  headers: dict[str, str] | None = None, request_timeout_s: float = 1800.0,
                  connect_timeout_s: float = 30.0, retry: RetryPolicy | None = None,
                  max_connections: int = 200):
@@ -75,13 +81,20 @@ class ChatClient:
         self.model = model
         self.retry = retry or RetryPolicy()
         self.stats = ClientStats()
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=all_headers,
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ValueError("no endpoint base URL given")
+        self._endpoints = [httpx.AsyncClient(
+            base_url=url.rstrip("/"), headers=all_headers,
             timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+            for url in urls]
+        self._in_flight = [0] * len(urls)
+        self.requests_by_endpoint = [0] * len(urls)
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for endpoint in self._endpoints:
+            await endpoint.aclose()
 
     async def chat(self, messages: list[dict], sampling: dict[str, Any]) -> ChatResult:
         body = {"model": self.model, "messages": messages, **sampling}
@@ -98,12 +111,17 @@ class ChatClient:
                 await asyncio.sleep(self.retry.delay(attempt, err.retry_after))
 
     async def _post(self, body: dict) -> dict:
+        i = min(range(len(self._endpoints)), key=self._in_flight.__getitem__)
+        self._in_flight[i] += 1
+        self.requests_by_endpoint[i] += 1
         try:
-            response = await self._http.post("/chat/completions", json=body)
+            response = await self._endpoints[i].post("/chat/completions", json=body)
         except httpx.TimeoutException as err:
             raise _Retryable("timeout", f"{type(err).__name__}: {err}") from None
         except httpx.TransportError as err:
             raise _Retryable("connection", f"{type(err).__name__}: {err}") from None
+        finally:
+            self._in_flight[i] -= 1
         status = response.status_code
         if status in RETRYABLE_STATUS or status >= 500:
             raise _Retryable(f"http_{status}", _short(response.text), _retry_after(response))

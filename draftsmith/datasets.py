@@ -1,7 +1,9 @@
 """Read prompt sets into one shape: ``{"id": str, "turns": [user message, ...]}`` (plus a system prompt).
 
 Accepted files: ``.jsonl``, ``.jsonl.gz``, ``.json`` (a list of rows) and ``.parquet``; a source
-may also be ``package:<module>/<path>`` for a file that a PyPI package installs. Row shapes:
+may also be ``package:<module>/<path>`` for a file that a PyPI package installs, or
+``hf:<dataset id or folder>[@<split>]`` for anything ``datasets.load_dataset`` reads (a hub id
+needs a machine that is online; the split defaults to ``train``). Row shapes:
 OpenAI ``messages``, ShareGPT ``conversations`` (from/value), ``turns`` (user turns only, as in
 MT-bench), or a plain prompt column. A row that cannot be read is a :class:`Reject` naming the
 file, row number and field, never a silent drop.
@@ -51,6 +53,8 @@ class PromptSet:
 
 
 def resolve_source(source: str, base_dir: Path) -> Path:
+    if source.startswith("hf:"):
+        return Path(source)  # kept verbatim; iter_rows hands it to datasets.load_dataset
     if source.startswith("package:"):
         return resolve_package_file(source)
     path = Path(source)
@@ -60,7 +64,9 @@ def resolve_source(source: str, base_dir: Path) -> Path:
 def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(row number, parsed row)``; a line that is not JSON yields its ValueError."""
     name = path.name
-    if name.endswith(".parquet"):
+    if str(path).startswith("hf:"):
+        yield from enumerate(_load_hf(str(path).removeprefix("hf:")), start=1)
+    elif name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         yield from enumerate(pq.read_table(path).to_pylist(), start=1)
@@ -81,6 +87,16 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
                     yield number, ValueError(f"not valid JSON ({err.msg} at column {err.colno})")
     else:
         raise ValueError(f"{path}: unsupported prompt file type (use .jsonl, .jsonl.gz, .json or .parquet)")
+
+
+def _load_hf(spec: str):
+    from datasets import load_dataset
+
+    dataset_id, _, split = spec.partition("@")
+    try:
+        return load_dataset(dataset_id, split=split or "train")
+    except Exception as err:  # offline, unknown id, missing split: say which source failed
+        raise ValueError(f"hf:{spec}: cannot load with datasets.load_dataset ({type(err).__name__}: {err})") from None
 
 
 def content_id(turns: list[str], system: str | None) -> str:

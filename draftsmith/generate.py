@@ -304,6 +304,7 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient, wall_s, rejects, max
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
         "retries": client.stats.retries,
         "retries_by_class": client.stats.retries_by_class,
+        "requests_by_endpoint": client.requests_by_endpoint,
         "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in ok),
         "completion_tokens": sum(r["usage"]["completion_tokens"] for r in ok),
         "max_samples": max_samples,
@@ -316,7 +317,7 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient, wall_s, rejects, max
     }
 
 
-def make_client(base_url: str, model: str, settings: GenerationSettings, api_key_env: str | None,
+def make_client(base_urls: str | list[str], model: str, settings: GenerationSettings, api_key_env: str | None,
                 headers: dict[str, str] | None) -> ChatClient:
     """The API key is read from the environment variable named in config, never from config itself."""
     api_key = None
@@ -324,6 +325,6 @@ def make_client(base_url: str, model: str, settings: GenerationSettings, api_key
         api_key = os.environ.get(api_key_env)
         if not api_key:
             raise ValueError(f"environment variable {api_key_env} (server.api_key_env) is not set")
-    return ChatClient(base_url, model, api_key=api_key, headers=headers,
+    return ChatClient(base_urls, model, api_key=api_key, headers=headers,
                       request_timeout_s=settings.request_timeout_s, connect_timeout_s=settings.connect_timeout_s,
                       retry=RetryPolicy(max_attempts=settings.max_attempts), max_connections=settings.concurrency)

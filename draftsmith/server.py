@@ -42,9 +42,10 @@ def server_env(overrides: dict[str, str]) -> dict[str, str]:
 
 @dataclass
 class ServerSpec:
-    """What a managed vLLM server needs. ``extra_args`` carry engine flags (parallelism, eager...)."""
+    """What a managed server needs. ``extra_args`` carry engine flags (parallelism, eager...)."""
 
     model: str
+    engine: str = "vllm"
     served_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
@@ -56,6 +57,10 @@ class ServerSpec:
     kv_transfer_config: dict | None = None
 
     def command(self, port: int) -> list[str]:
+        if self.engine == "sglang":
+            return self._sglang_command(port)
+        if self.engine != "vllm":
+            raise ValueError(f"unknown server engine {self.engine!r}")
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--host", self.host, "--port", str(port)]
         if self.served_name:
@@ -66,6 +71,18 @@ class ServerSpec:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
         if self.kv_transfer_config:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        return cmd + list(self.extra_args)
+
+    def _sglang_command(self, port: int) -> list[str]:
+        """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines)."""
+        if self.speculative_config or self.kv_transfer_config:
+            raise ValueError("hidden-state extraction and EAGLE-3 benchmarking run on vLLM, not SGLang")
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
+               "--host", self.host, "--port", str(port)]
+        if self.served_name:
+            cmd += ["--served-model-name", self.served_name]
+        if self.max_model_len:
+            cmd += ["--context-length", str(self.max_model_len)]
         return cmd + list(self.extra_args)
 
 
@@ -143,8 +160,18 @@ def tail(path: Path, lines: int = 30) -> str:
 
 def spec_from_config(model: str, server_cfg: dict, **overrides) -> ServerSpec:
     """Build a :class:`ServerSpec` from the config's ``server`` slice."""
-    return ServerSpec(model=model, host=server_cfg["host"], port=server_cfg["port"],
-                      max_model_len=server_cfg.get("max_model_len"),
-                      extra_args=list(server_cfg.get("extra_args", [])),
-                      env={k: str(v) for k, v in server_cfg.get("env", {}).items()},
-                      startup_timeout_s=server_cfg["startup_timeout_s"], **overrides)
+    fields = {"host": server_cfg["host"], "port": server_cfg["port"], "max_model_len": server_cfg.get("max_model_len"),
+              "extra_args": list(server_cfg.get("extra_args", [])),
+              "env": {k: str(v) for k, v in server_cfg.get("env", {}).items()},
+              "startup_timeout_s": server_cfg["startup_timeout_s"]}
+    return ServerSpec(model=model, **{**fields, **overrides})
+
+
+def generation_spec(model: str, server_cfg: dict, generation_cfg: dict) -> ServerSpec:
+    """The managed server that generates answers: ``server`` adjusted by ``generation_server``."""
+    overrides: dict = {"engine": generation_cfg["engine"]}
+    if generation_cfg["extra_args"] is not None:
+        overrides["extra_args"] = list(generation_cfg["extra_args"])
+    spec = spec_from_config(model, server_cfg, **overrides)
+    spec.env.update({k: str(v) for k, v in generation_cfg["env"].items()})
+    return spec

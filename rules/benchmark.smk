@@ -17,7 +17,7 @@ rule benchmark:
         baseline="logs/benchmark/baseline.server.log",
         eagle3="logs/benchmark/eagle3.server.log",
     benchmark:
-        "benchmarks/benchmark.tsv"
+        "results/benchmarks/benchmark.tsv"
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],

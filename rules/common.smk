@@ -49,5 +49,5 @@ def dataset_source(wildcards):
     return local_source(dataset_cfg(wildcards))
 
 
-def server_gpus():
-    return config["server"]["gpus"] if config["server"]["mode"] == "managed" else 0
+def generation_gpus():
+    return config["server"]["gpus"] if config["generation_server"]["mode"] == "managed" else 0

@@ -1,5 +1,5 @@
 rule generate:
-    """Answer one dataset's prompts with the target (managed vLLM server or external endpoint)."""
+    """Answer one dataset's prompts with the target (managed vLLM/SGLang server or external endpoints)."""
     input:
         model=target_input,
         prompts=dataset_source,
@@ -11,6 +11,7 @@ rule generate:
     params:
         dataset=dataset_cfg,
         server=config["server"],
+        generation_server=config["generation_server"],
         model=target_model(),
         base_dir=BASE_DIR,
         journal_dir="results/responses/.journal",
@@ -18,10 +19,10 @@ rule generate:
         main="logs/generate/{dataset}.log",
         server="logs/generate/{dataset}.server.log",
     benchmark:
-        "benchmarks/generate/{dataset}.tsv"
+        "results/benchmarks/generate/{dataset}.tsv"
     threads: config["server"]["threads"]
     resources:
-        gpu=server_gpus(),
+        gpu=generation_gpus(),
         mem_mb=config["server"]["mem_mb"],
         runtime=24 * 60,
     script:

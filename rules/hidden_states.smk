@@ -13,7 +13,7 @@ rule hidden_states:
         main="logs/hidden_states/{dataset}.log",
         server="logs/hidden_states/{dataset}.server.log",
     benchmark:
-        "benchmarks/hidden_states/{dataset}.tsv"
+        "results/benchmarks/hidden_states/{dataset}.tsv"
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],

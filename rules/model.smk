@@ -7,7 +7,7 @@ rule prepare_target:
     log:
         "logs/prepare_target/{name}.log",
     benchmark:
-        "benchmarks/prepare_target/{name}.tsv"
+        "results/benchmarks/prepare_target/{name}.tsv"
     threads: 2
     resources:
         mem_mb=4000,

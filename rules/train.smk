@@ -18,7 +18,7 @@ rule train:
     log:
         "logs/train.log",
     benchmark:
-        "benchmarks/train.tsv"
+        "results/benchmarks/train.tsv"
     threads: config["train"]["threads"]
     resources:
         gpu=config["train"]["gpus"],

@@ -7,28 +7,29 @@ from draftsmith.atomic import write_jsonl
 from draftsmith.datasets import load_configured, resolve_source
 from draftsmith.generate import GenerationSettings, Outputs, generate, make_client, settings_key
 from draftsmith.runner import run
-from draftsmith.server import managed_server, spec_from_config
+from draftsmith.server import generation_spec, managed_server
 
 log = logging.getLogger("draftsmith.generate")
 
 
 def main() -> None:
-    ds, server, name = sm.params.dataset, sm.params.server, sm.wildcards.dataset
+    ds, name = sm.params.dataset, sm.wildcards.dataset
     prompts = load_configured(ds, Path(sm.params.base_dir))
     write_jsonl(sm.output.rejects, [r.as_dict() for r in prompts.rejects])
     if prompts.rejects:
         log.warning("%s: %d rows rejected, first: %s (all in %s)", name, len(prompts.rejects), prompts.rejects[0],
                     sm.output.rejects)
     settings = GenerationSettings.from_config(ds["generation"])
-    managed = server["mode"] == "managed"
-    model = sm.params.model if managed else (server["served_model"] or sm.params.model)
+    gen = sm.params.generation_server
+    managed = gen["mode"] == "managed"
+    model = sm.params.model if managed else (gen["served_model"] or sm.params.model)
     source = resolve_source(ds["source"], Path(sm.params.base_dir))
     journal = Path(sm.params.journal_dir) / f"{name}-{settings_key(model, source, settings)}.jsonl"
     outputs = Outputs(Path(sm.output.responses), Path(sm.output.stats), Path(sm.output.errors), journal)
-    context = managed_server(spec_from_config(model, server), Path(sm.log.server)) if managed \
-        else nullcontext(server["base_url"])
-    with context as base_url:
-        client = make_client(base_url, model, settings, server["api_key_env"], server["headers"])
+    context = managed_server(generation_spec(model, sm.params.server, gen), Path(sm.log.server)) if managed \
+        else nullcontext(gen["base_urls"])
+    with context as base_urls:
+        client = make_client(base_urls, model, settings, gen["api_key_env"], gen["headers"])
         stats = asyncio.run(_generate(prompts.prompts, client, settings, outputs, ds, name, len(prompts.rejects)))
     log.info("%s: %s", name, stats)
 

@@ -15,7 +15,7 @@ def test_defaults_are_filled_in_nested_dataset_entries():
     gen = cfg["datasets"]["a"]["generation"]
     assert gen["concurrency"] == 200 and gen["request_timeout_s"] == 1800 and gen["finish_reason_policy"] == "keep"
     assert cfg["datasets"]["a"]["format"] == "auto"
-    assert cfg["server"]["mode"] == "managed" and cfg["hidden_states"]["backend"] == "vllm"
+    assert cfg["generation_server"]["mode"] == "managed" and cfg["hidden_states"]["backend"] == "vllm"
     assert "generation" not in MINIMAL["datasets"]["a"]  # input left untouched
 
 
@@ -39,3 +39,11 @@ def test_bad_config_names_the_key(path, value, expected):
 @pytest.mark.parametrize("name", ["config/config.yaml", "tests/e2e/config.yaml"])
 def test_shipped_configs_validate(name):
     validate_config(yaml.safe_load((REPO / name).read_text()))
+
+
+def test_external_generation_needs_an_endpoint():
+    with pytest.raises(ConfigError, match="generation_server.base_urls: \\[\\] should be non-empty"):
+        validate_config({**MINIMAL, "generation_server": {"mode": "external"}})
+    cfg = validate_config({**MINIMAL, "generation_server": {"mode": "external", "base_urls": ["https://x/v1"],
+                                                             "api_key_env": "OPENROUTER_API_KEY"}})
+    assert cfg["generation_server"]["engine"] == "vllm"

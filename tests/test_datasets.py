@@ -83,3 +83,14 @@ def test_unknown_file_type_and_missing_package_are_clear(tmp_path):
         load_prompts(tmp_path / "p.csv")
     with pytest.raises(FileNotFoundError, match="not installed"):
         resolve_source("package:no_such_pkg/x.jsonl", tmp_path)
+
+
+def test_hf_sources_go_through_load_dataset(tmp_path, monkeypatch):
+    folder = tmp_path / "hfdata"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", [{"id": "h1", "conversations": [{"from": "human", "value": "hey"}]}])
+    got = load_prompts(resolve_source(f"hf:{folder}", tmp_path)).prompts
+    assert [(p.id, p.turns) for p in got] == [("h1", ["hey"])]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="hf:someone/not-here@test: cannot load"):
+        load_prompts(resolve_source("hf:someone/not-here@test", tmp_path))

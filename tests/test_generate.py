@@ -186,3 +186,21 @@ def test_killed_run_resumes_with_every_id_exactly_once(server, tmp_path, sig):
     assert sorted(ids) == sorted(f"p{i}" for i in range(40)) and len(ids) == len(set(ids)) == 40
     resent = [r["messages"][0]["content"].split()[0] for r in server.requests[-(40 - len(journaled)):]]
     assert not {f"q{j[1:]}" for j in journaled} & set(resent)  # journaled ids were not sent again
+
+
+def test_requests_spread_over_several_endpoints(tmp_path):
+    with FaultServer() as one, FaultServer() as two:
+        settings = GenerationSettings(concurrency=4, request_timeout_s=5)
+        client = make_client([one.base_url, two.base_url], "m", settings, None, None)
+
+        async def go():
+            try:
+                return await generate([P(f"p{i}", f"q{i} delay=0.1") for i in range(8)], client, settings,
+                                      outputs(tmp_path), max_samples=None, token_budget=None, dataset="d")
+            finally:
+                await client.aclose()
+
+        stats = asyncio.run(go())
+    assert stats["records"] == 8 and len(one.requests) + len(two.requests) == 8
+    assert len(one.requests) >= 2 and len(two.requests) >= 2
+    assert sorted(stats["requests_by_endpoint"]) == sorted([len(one.requests), len(two.requests)])

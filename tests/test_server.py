@@ -30,3 +30,23 @@ def test_server_that_dies_reports_its_log(tmp_path):
         with managed_server(spec, tmp_path / "server.log"):
             pass
     assert "last lines of" in str(err.value)
+
+
+def test_sglang_command_and_its_limits():
+    from draftsmith.server import generation_spec
+
+    server = {"host": "127.0.0.1", "port": 0, "max_model_len": 4096, "extra_args": ["--enforce-eager"],
+              "env": {"A": 1}, "startup_timeout_s": 60}
+    gen = {"engine": "sglang", "extra_args": ["--tp", "8", "--reasoning-parser", "kimi_k2"], "env": {"B": "2"}}
+    spec = generation_spec("moonshotai/Kimi-K2.5", server, gen)
+    cmd = spec.command(30000)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--model-path") + 1] == "moonshotai/Kimi-K2.5"
+    assert cmd[cmd.index("--context-length") + 1] == "4096"
+    assert cmd[-4:] == ["--tp", "8", "--reasoning-parser", "kimi_k2"] and "--enforce-eager" not in cmd
+    assert spec.env == {"A": "1", "B": "2"}
+    spec.speculative_config = {"method": "eagle3"}
+    with pytest.raises(ValueError, match="run on vLLM"):
+        spec.command(1)
+    assert generation_spec("m", server, {"engine": "vllm", "extra_args": None, "env": {}}).extra_args == \
+        ["--enforce-eager"]
