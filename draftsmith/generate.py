@@ -180,7 +180,8 @@ async def generate(prompts: list[Prompt], client: ChatClient, settings: Generati
     started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
         loop.add_signal_handler(sig, stop.set)
     bar = tqdm(total=_bar_total(len(prompts), max_samples, token_budget), desc=dataset,
                unit="tok" if token_budget else "rec", initial=run.completion_tokens if token_budget else run.kept,
@@ -190,8 +191,9 @@ async def generate(prompts: list[Prompt], client: ChatClient, settings: Generati
     finally:
         journal.close()
         bar.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig, handler in previous.items():
             loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)  # e.g. the managed server's "stop me" handler
     if stop.is_set():
         raise GenerationInterrupted(f"{dataset}: interrupted; {len(run.done)} records are journaled in "
                                     f"{outputs.journal} and a rerun resumes from there")

@@ -6,6 +6,7 @@ workers vLLM forks; it is stopped on success, on error and on SIGTERM from Snake
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -101,7 +102,7 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
     log.info("starting server: %s (log: %s)", " ".join(cmd), log_path)
     with log_path.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=server_env(spec.env))
+                                env=server_env(spec.env), preexec_fn=_die_with_parent)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         root = f"http://{spec.host}:{port}"
@@ -111,6 +112,15 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
     finally:
         stop(proc)
         signal.signal(signal.SIGTERM, previous)
+
+
+def _die_with_parent() -> None:
+    """Runs in the server's process before exec: if this job is killed -9, the kernel SIGTERMs the
+    server, so no orphaned server holds the GPUs (Linux; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _raise_keyboard_interrupt(signum, frame):

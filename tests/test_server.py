@@ -50,3 +50,33 @@ def test_sglang_command_and_its_limits():
         spec.command(1)
     assert generation_spec("m", server, {"engine": "vllm", "extra_args": None, "env": {}}).extra_args == \
         ["--enforce-eager"]
+
+
+def test_server_dies_with_a_killed_job(tmp_path):
+    """kill -9 of the job must not leave the server running (it would hold the GPUs)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import sys, time\nfrom pathlib import Path\nfrom draftsmith import server\n"
+              "server.ServerSpec.command = lambda self, port: [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+              "server._wait_healthy = lambda *a: None\n"
+              f"with server.managed_server(server.ServerSpec(model='m'), Path({str(tmp_path / 'log')!r})):\n"
+              "    print(flush=True)\n    time.sleep(600)\n")
+    job = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    job.stdout.readline()
+    children = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    assert len(children) == 1
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{children[0]}"):
+        time.sleep(0.1)
+        try:
+            os.waitpid(int(children[0]), os.WNOHANG)
+        except ChildProcessError:
+            pass
+    status = open(f"/proc/{children[0]}/status").read() if os.path.exists(f"/proc/{children[0]}") else "gone"
+    assert status == "gone" or "State:\tZ" in status, status
