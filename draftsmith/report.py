@@ -11,17 +11,32 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def plot(results: dict, out: Path) -> None:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, out: Path) -> None:
+    with atomic_path(out, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    fig.clf()
+
+
+def plot(results: dict, out: Path) -> None:
+    plt = _pyplot()
 
     sets = list(results["sets"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name in sets:
         rates = results["sets"][name]["eagle3"]["acceptance"]["acceptance_rate_per_position"]
         ax1.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
+    positions = max((len(results["sets"][s]["eagle3"]["acceptance"]["acceptance_rate_per_position"]) for s in sets),
+                    default=0)
+    ax1.set_xticks(range(1, positions + 1))
     ax1.set(title="Draft acceptance rate by position", xlabel="draft position", ylabel="accepted / drafts",
             ylim=(0, 1))
     ax1.legend()
@@ -35,12 +50,31 @@ def plot(results: dict, out: Path) -> None:
     ax2.set(title="Output throughput", ylabel="output tok/s")
     ax2.legend()
     fig.tight_layout()
-    with atomic_path(out, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+    _save(fig, out)
     plt.close(fig)
 
 
-def markdown(results: dict, generation_stats: dict[str, dict], plot_name: str) -> str:
+def ttt_steps(epochs: list[dict]) -> list[int]:
+    return sorted(int(k.split("_")[2]) for k in (epochs[0] if epochs else {}) if k.startswith("full_acc_"))
+
+
+def plot_training(validation: list[dict], out: Path) -> None:
+    """Validation accuracy per TTT step (draft position) across epochs."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    epochs = [e["epoch"] + 1 if e.get("epoch") is not None else i + 1 for i, e in enumerate(validation)]
+    ax.set_xticks(epochs)
+    for step in ttt_steps(validation):
+        ax.plot(epochs, [e[f"full_acc_{step}_epoch"] for e in validation], marker="o", label=f"step {step}")
+    ax.set(title="Drafter validation accuracy", xlabel="epoch", ylabel="full_acc (prefix all correct)")
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out)
+    plt.close(fig)
+
+
+def markdown(results: dict, generation_stats: dict[str, dict], training: dict, plot_name: str,
+             training_plot_name: str) -> str:
     lines = [
         "# draftsmith benchmark report", "",
         f"Target: `{results['target']}` · drafter: `{results['drafter']}` · "
@@ -62,6 +96,18 @@ def markdown(results: dict, generation_stats: dict[str, dict], plot_name: str) -
     if dropped:
         lines += ["Benchmark prompts removed because they also appear in the training prompts: "
                   + "; ".join(f"{n}: {', '.join(ids)}" for n, ids in dropped.items()), ""]
+    validation = training.get("validation", [])
+    steps = ttt_steps(validation)
+    lines += ["## Drafter training", "",
+              f"{training['rows']} training rows (validation split included), run `{training['run_key']}`, "
+              f"speculators EAGLE-3{' on CPU' if training['on_cpu'] else ''}. Validation per epoch "
+              "(full_acc_k: the first k+1 drafted tokens all match the target):", "",
+              "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " |",
+              "|---:|---:|" + "---:|" * len(steps)]
+    for i, e in enumerate(validation):
+        lines.append(f"| {i + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
+                     + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps) + " |")
+    lines += ["", f"![training]({training_plot_name})", ""]
     lines += ["## Response generation", "",
               "| dataset | records | rejected rows | errors | retries | truncated kept | dropped | completion tokens | "
               "p50 s | p95 s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -74,6 +120,8 @@ def markdown(results: dict, generation_stats: dict[str, dict], plot_name: str) -
     return "\n".join(lines)
 
 
-def write_report(results: dict, generation_stats: dict[str, dict], md_out: Path, png_out: Path) -> None:
+def write_report(results: dict, generation_stats: dict[str, dict], training: dict, md_out: Path, png_out: Path,
+                 training_png_out: Path) -> None:
     plot(results, png_out)
-    write_text(md_out, markdown(results, generation_stats, png_out.name))
+    plot_training(training.get("validation", []), training_png_out)
+    write_text(md_out, markdown(results, generation_stats, training, png_out.name, training_png_out.name))

@@ -116,11 +116,31 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     return argv
 
 
-def train(argv: list[str]) -> None:
+class _ValidationMetrics(logging.Handler):
+    """Collects the per-epoch validation dicts speculators logs on ``speculators.metrics``."""
+
+    def __init__(self):
+        super().__init__()
+        self.epochs: list[dict] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict) and "val" in record.msg:
+            self.epochs.append({"epoch": record.msg.get("epoch"), **record.msg["val"]})
+
+
+def train(argv: list[str]) -> list[dict]:
+    """Run speculators' trainer in this process; return its validation metrics per epoch."""
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
-    main(TrainConfig.resolve(argv))
+    collector = _ValidationMetrics()
+    metrics_logger = logging.getLogger("speculators.metrics")
+    metrics_logger.addHandler(collector)
+    try:
+        main(TrainConfig.resolve(argv))
+    finally:
+        metrics_logger.removeHandler(collector)
+    return collector.epochs
 
 
 def latest_checkpoint(save_dir: Path) -> Path:

@@ -31,9 +31,11 @@ rule report:
     input:
         results="results/benchmark/report.json",
         stats=expand("results/responses/{dataset}.stats.json", dataset=DATASETS),
+        training="results/drafter/training.json",
     output:
         markdown="results/benchmark/report.md",
         plot="results/benchmark/acceptance.png",
+        training_plot="results/benchmark/training.png",
     log:
         "logs/benchmark/report.log",
     threads: 1
