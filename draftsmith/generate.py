@@ -163,17 +163,15 @@ class _Run:
         return self.completion_tokens / self.kept if self.kept else float(max_tokens)
 
 
-async def generate(prompts: list[Prompt], client: ChatClient, settings: GenerationSettings, outputs: Outputs,
+async def generate(prompts: list[Prompt], client: ChatClient | None, settings: GenerationSettings, outputs: Outputs,
                    *, max_samples: int | None, token_budget: int | None, dataset: str,
                    rejects: int = 0) -> dict:
-    """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically."""
+    """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically.
+
+    ``client`` may be None when :func:`has_work` said there is nothing to send.
+    """
     journal = Journal(outputs.journal, settings.fsync_every)
-    run = _Run(done=journal.load())
-    ids = {p.id for p in prompts}
-    for rec in run.done.values():
-        if rec["id"] in ids and rec["status"] == "ok":
-            run.kept += 1
-            run.completion_tokens += rec["usage"]["completion_tokens"]
+    run = _resume(prompts, journal)
     todo = [p for p in prompts if p.id not in run.done]
     log.info("%s: %d prompts, %d already journaled, %d to send", dataset, len(prompts), len(prompts) - len(todo),
              len(todo))
@@ -203,6 +201,27 @@ async def generate(prompts: list[Prompt], client: ChatClient, settings: Generati
     write_json(outputs.stats, stats)
     write_jsonl(outputs.responses, ordered)
     return stats
+
+
+def _resume(prompts: list[Prompt], journal: Journal) -> _Run:
+    """State of a run that starts from what the journal already holds."""
+    run = _Run(done=journal.load())
+    ids = {p.id for p in prompts}
+    for rec in run.done.values():
+        if rec["id"] in ids and rec["status"] == "ok":
+            run.kept += 1
+            run.completion_tokens += rec["usage"]["completion_tokens"]
+    return run
+
+
+def has_work(prompts: list[Prompt], journal_path: Path, max_samples: int | None, token_budget: int | None) -> bool:
+    """Whether a run would send anything, so a finished dataset does not start a server."""
+    run = _resume(prompts, Journal(journal_path, 1))
+    if all(p.id in run.done for p in prompts):
+        return False
+    if max_samples is not None and run.kept >= max_samples:
+        return False
+    return token_budget is None or run.completion_tokens < token_budget
 
 
 def _bar_total(n: int, max_samples: int | None, token_budget: int | None) -> int:
@@ -304,9 +323,9 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient, wall_s, rejects, max
         "truncated_kept": sum(r["status"] == "ok" and "length" in r["finish_reasons"] for r in ok),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
-        "retries": client.stats.retries,
-        "retries_by_class": client.stats.retries_by_class,
-        "requests_by_endpoint": client.requests_by_endpoint,
+        "retries": client.stats.retries if client else 0,
+        "retries_by_class": client.stats.retries_by_class if client else {},
+        "requests_by_endpoint": client.requests_by_endpoint if client else [],
         "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in ok),
         "completion_tokens": sum(r["usage"]["completion_tokens"] for r in ok),
         "max_samples": max_samples,

@@ -104,6 +104,8 @@ def markdown(results: dict, generation_stats: dict[str, dict], training: dict, p
               "(full_acc_k: the first k+1 drafted tokens all match the target):", "",
               "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " |",
               "|---:|---:|" + "---:|" * len(steps)]
+    if not validation:
+        lines.append("| – | no validation metrics were recorded | |")
     for i, e in enumerate(validation):
         lines.append(f"| {i + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
                      + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps) + " |")

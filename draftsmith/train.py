@@ -117,30 +117,44 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
 
 
 class _ValidationMetrics(logging.Handler):
-    """Collects the per-epoch validation dicts speculators logs on ``speculators.metrics``."""
+    """Appends each validation dict speculators logs on ``speculators.metrics`` to a file in the
+    run folder, so a resumed run still reports the epochs it did before it was interrupted."""
 
-    def __init__(self):
+    def __init__(self, path: Path):
         super().__init__()
-        self.epochs: list[dict] = []
+        self.path = path
 
     def emit(self, record: logging.LogRecord) -> None:
         if isinstance(record.msg, dict) and "val" in record.msg:
-            self.epochs.append({"epoch": record.msg.get("epoch"), **record.msg["val"]})
+            with self.path.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"epoch": record.msg.get("epoch"), **record.msg["val"]}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
 
 
-def train(argv: list[str]) -> list[dict]:
-    """Run speculators' trainer in this process; return its validation metrics per epoch."""
+def train(argv: list[str], metrics_file: Path) -> list[dict]:
+    """Run speculators' trainer in this process; return validation metrics of every epoch so far."""
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
-    collector = _ValidationMetrics()
+    collector = _ValidationMetrics(metrics_file)
     metrics_logger = logging.getLogger("speculators.metrics")
     metrics_logger.addHandler(collector)
     try:
         main(TrainConfig.resolve(argv))
     finally:
         metrics_logger.removeHandler(collector)
-    return collector.epochs
+    return read_validation(metrics_file)
+
+
+def read_validation(path: Path) -> list[dict]:
+    """One entry per epoch (the latest if an epoch was validated twice), in epoch order."""
+    by_epoch = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.endswith("}"):  # a line cut by a kill is skipped
+            entry = json.loads(line)
+            by_epoch[entry["epoch"]] = entry
+    return [by_epoch[k] for k in sorted(by_epoch, key=lambda e: (e is None, e))]
 
 
 def latest_checkpoint(save_dir: Path) -> Path:

@@ -8,6 +8,7 @@ that no longer matches its LM head.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from draftsmith.atomic import atomic_path, write_json
+
+log = logging.getLogger(__name__)
 
 
 def token_frequencies(merged: Path, train_rows: int) -> Counter[int]:
@@ -36,7 +39,10 @@ def build(merged: Path, train_rows: int, draft_vocab_size: int, target_vocab_siz
     size = min(draft_vocab_size, target_vocab_size)
     d2t, t2d = build_vocab_mappings_from_distribution(dict(freq), size, target_vocab_size)
     covered = sum(n for tok, n in freq.items() if bool(t2d[tok]))
-    stats = {"draft_vocab_size": size, "target_vocab_size": target_vocab_size, "unique_supervised_tokens": len(freq),
+    if len(freq) < size:
+        log.warning("only %d distinct supervised tokens for a draft vocabulary of %d; the rest is filled with "
+                    "the lowest unused token ids (more data, or a smaller vocab.draft_vocab_size)", len(freq), size)
+    stats = {"draft_vocab_size": size, "filled_without_data": max(0, size - len(freq)), "target_vocab_size": target_vocab_size, "unique_supervised_tokens": len(freq),
              "supervised_tokens": sum(freq.values()), "coverage": covered / sum(freq.values())}
     for tensor, out in ((d2t, d2t_out), (t2d, t2d_out)):
         with atomic_path(out, suffix=".npy") as tmp:

@@ -29,7 +29,7 @@ def main() -> None:
                                train_ratio=1 - sm.params.validation_fraction, on_cpu=on_cpu,
                                log_dir=run_dir / "logs")
     log.info("run %s (%d rows, cpu=%s): speculators train %s", key, rows, on_cpu, " ".join(argv))
-    validation = tr.train(argv)
+    validation = tr.train(argv, run_dir / "validation.jsonl")
     checkpoint = tr.latest_checkpoint(run_dir / "checkpoints")
     tr.export(checkpoint, Path(sm.output.weights), Path(sm.output.config), verifier_ref=model)
     write_json(sm.output.summary, {"run_key": key, "checkpoint": str(checkpoint), "rows": rows, "on_cpu": on_cpu,

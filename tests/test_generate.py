@@ -10,7 +10,7 @@ import pytest
 
 from draftsmith.client import RetryPolicy
 from draftsmith.datasets import Prompt
-from draftsmith.generate import GenerationSettings, Journal, Outputs, generate, make_client
+from draftsmith.generate import GenerationSettings, Journal, Outputs, generate, has_work, make_client
 from tests.conftest import REPO
 from tests.fault_server import FaultServer
 
@@ -73,10 +73,14 @@ def test_retry_after_wins_over_short_backoff():
 def test_token_budget_stops_launching(server, tmp_path):
     prompts = [P(f"p{i}", f"q{i} tokens=10") for i in range(10)]
     settings = GenerationSettings(concurrency=1, request_timeout_s=5)
+    journal = tmp_path / "journal" / "j.jsonl"
+    assert has_work(prompts, journal, None, 35)
     stats = run(server, prompts, tmp_path, settings=settings, token_budget=35)
     # Launch while journaled + expected in-flight < budget: 0, 10, 20, 30 launch; 40 stops.
     assert stats["records"] == 4 and stats["completion_tokens"] == 40
-    # Already at budget: a rerun finishes at once without a request.
+    # Already at budget: no server is needed, and a rerun finishes at once without a request.
+    assert not has_work(prompts, journal, None, 35) and has_work(prompts, journal, None, 50)
+    assert not has_work(prompts, journal, 4, None)
     before = len(server.requests)
     run(server, prompts, tmp_path, settings=settings, token_budget=35)
     assert len(server.requests) == before

@@ -58,3 +58,22 @@ def test_cpu_adaptation_redirects_the_trainer():
 
     assert tr.adapt_for_cpu() is True  # this machine has no accelerator
     assert trainer.get_local_rank() == "cpu" and checkpointer.get_current_device() == "cpu"
+
+
+def test_validation_metrics_survive_a_resume(tmp_path):
+    import logging
+
+    path = tmp_path / "validation.jsonl"
+    collector = tr._ValidationMetrics(path)
+    log = logging.getLogger("speculators.metrics.test")
+    log.addHandler(collector)
+    log.setLevel(logging.INFO)
+    try:
+        log.info({"val": {"loss_epoch": 3.0}, "epoch": 1})
+        log.info({"train": {"loss": 9.0}})  # training steps are not validation
+        log.info({"val": {"loss_epoch": 5.0}, "epoch": 0})
+    finally:
+        log.removeHandler(collector)
+    with path.open("a") as fh:
+        fh.write('{"epoch": 2, "loss_ep')  # cut by a kill
+    assert tr.read_validation(path) == [{"epoch": 0, "loss_epoch": 5.0}, {"epoch": 1, "loss_epoch": 3.0}]
