@@ -13,7 +13,8 @@ Semantics (documented in the README):
   the budget by at most the in-flight answers. ``max_samples`` caps kept records likewise.
 - **finish_reason policy.** ``keep`` keeps truncated answers, ``mark`` keeps them with
   ``"truncated": true``, ``drop`` journals them as dropped (not retried on resume) and counts them.
-- **Failures** after all retries go to the errors file with class and message, and are counted.
+- **Failures** after all retries go to the errors file with class and message, and are counted;
+  they are not journaled, so the next run of the dataset tries them again.
 """
 
 from __future__ import annotations
@@ -175,7 +176,6 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
     todo = [p for p in prompts if p.id not in run.done]
     log.info("%s: %d prompts, %d already journaled, %d to send", dataset, len(prompts), len(prompts) - len(todo),
              len(todo))
-    started = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -195,7 +195,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
     if stop.is_set():
         raise GenerationInterrupted(f"{dataset}: interrupted; {len(run.done)} records are journaled in "
                                     f"{outputs.journal} and a rerun resumes from there")
-    stats = _stats(dataset, prompts, run, client, time.monotonic() - started, rejects, max_samples, token_budget)
+    stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, rejects, max_samples, token_budget)
     ordered = [run.done[p.id] for p in prompts if p.id in run.done and run.done[p.id]["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)

@@ -1,6 +1,7 @@
 import asyncio
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -25,6 +26,7 @@ def main() -> None:
         hs.extract_transformers(model, todo, folder, aux, sm.threads)
     elif todo:
         staging = folder / ".staging"
+        shutil.rmtree(staging, ignore_errors=True)  # files a killed run staged but never validated
         spec = spec_from_config(model, sm.params.server, **hs.vllm_server_configs(aux, num_layers, staging))
         with managed_server(spec, Path(sm.log.server)) as base_url:
             asyncio.run(hs.extract_vllm(base_url, todo, folder, cfg["concurrency"], cfg["request_timeout_s"],

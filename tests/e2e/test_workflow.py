@@ -58,7 +58,7 @@ def test_bad_config_fails_before_any_job(tmp_path):
     bad.write_text(yaml.safe_dump(cfg))
     proc = snakemake(tmp_path, "-n", config=bad)
     assert proc.returncode != 0
-    assert "datasets.everyday.generation: unknown key(s) ('max_tokns' was unexpected)" in proc.stderr
+    assert "datasets.everyday.generation: unknown key(s) ('max_tokns' was unexpected)" in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()
 
 
