@@ -33,12 +33,25 @@ _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Return a validated copy with defaults filled; raise :class:`ConfigError` naming every bad key."""
+    """Return a validated copy with defaults filled and keys sorted; raise :class:`ConfigError`
+    naming every bad key.
+
+    Keys are sorted at every level because Snakemake compares rule params by their text: the
+    same settings written in another order must not rerun a dataset.
+    """
     config = copy.deepcopy(config)
     errors = sorted(_Validator(SCHEMA).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError("invalid config:\n" + "\n".join(f"  - {_where(e)}: {_message(e)}" for e in errors))
-    return config
+    return _sorted(config)
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 def _where(error: jsonschema.ValidationError) -> str:

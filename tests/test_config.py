@@ -47,3 +47,11 @@ def test_external_generation_needs_an_endpoint():
     cfg = validate_config({**MINIMAL, "generation_server": {"mode": "external", "base_urls": ["https://x/v1"],
                                                              "api_key_env": "OPENROUTER_API_KEY"}})
     assert cfg["generation_server"]["engine"] == "vllm"
+
+
+def test_key_order_does_not_change_the_validated_config():
+    a = validate_config({"target": {"name": "t", "source": "x"}, "benchmark": {"prompt_sets": {"b": {"source": "b"}}},
+                         "datasets": {"a": {"source": "a.jsonl", "generation": {"max_tokens": 5, "concurrency": 2}}}})
+    b = validate_config({"datasets": {"a": {"generation": {"concurrency": 2, "max_tokens": 5}, "source": "a.jsonl"}},
+                         "benchmark": {"prompt_sets": {"b": {"source": "b"}}}, "target": {"source": "x", "name": "t"}})
+    assert repr(a) == repr(b)  # Snakemake compares params as text
