@@ -304,7 +304,8 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
             run.tokens_this_run += usage["completion_tokens"]
             bar.update(usage["completion_tokens"] if bar.unit == "tok" else 1)
             elapsed = max(time.monotonic() - run.started, 1e-6)
-            bar.set_postfix(rec=run.kept, tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
+            bar.set_postfix(rec=run.kept, req_s=f"{run.requests_this_run / elapsed:.2f}",
+                            tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
     finally:
         run.in_flight -= 1
 
