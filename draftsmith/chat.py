@@ -22,9 +22,6 @@ from draftsmith.atomic import atomic_path, write_jsonl
 
 log = logging.getLogger(__name__)
 
-REASONING_MODES = ("template", "think_tags", "drop")
-
-
 class TemplateError(ValueError):
     pass
 

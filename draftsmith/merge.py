@@ -30,4 +30,4 @@ def merge(tables: dict[str, Path], out: Path, seed: int) -> dict:
     with atomic_path(out) as tmp:
         pq.write_table(merged, tmp)
     return {"rows": merged.num_rows,
-            "rows_by_dataset": {name: part.num_rows for name, part in zip(sorted(tables), parts)}}
+            "rows_by_dataset": {name: part.num_rows for name, part in zip(sorted(tables), parts, strict=True)}}

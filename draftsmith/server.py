@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +47,6 @@ class ServerSpec:
 
     model: str
     engine: str = "vllm"
-    served_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 0
     max_model_len: int | None = None
@@ -64,8 +63,6 @@ class ServerSpec:
             raise ValueError(f"unknown server engine {self.engine!r}")
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--host", self.host, "--port", str(port)]
-        if self.served_name:
-            cmd += ["--served-model-name", self.served_name]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.speculative_config:
@@ -80,8 +77,6 @@ class ServerSpec:
             raise ValueError("hidden-state extraction and EAGLE-3 benchmarking run on vLLM, not SGLang")
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
                "--host", self.host, "--port", str(port)]
-        if self.served_name:
-            cmd += ["--served-model-name", self.served_name]
         if self.max_model_len:
             cmd += ["--context-length", str(self.max_model_len)]
         return cmd + list(self.extra_args)

@@ -74,7 +74,7 @@ def assemble_training_dir(merged: Path, hidden_states: dict[str, Path], dest: Pa
         links = tmp / "hidden_states"
         links.mkdir()
         for i, (name, row) in enumerate(zip(table.column("dataset").to_pylist(),
-                                            table.column("source_row").to_pylist())):
+                                            table.column("source_row").to_pylist(), strict=True)):
             src = hidden_states[name] / f"hs_{row}.safetensors"
             try:
                 os.link(src, links / f"hs_{i}.safetensors")
@@ -183,7 +183,7 @@ def check_drafter(weights: Path, config_path: Path) -> dict[str, list[int]]:
     config = json.loads(config_path.read_text())
     hidden = config["transformer_layer_config"]["hidden_size"]
     with safe_open(weights, framework="pt") as fh:
-        shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}
+        shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - safe_open is not a dict
     for key in ("d2t", "t2d", "fc.weight", "lm_head.weight"):
         if key not in shapes:
             raise ValueError(f"{weights}: drafter has no {key!r} tensor")

@@ -23,14 +23,13 @@ log = logging.getLogger(__name__)
 def token_frequencies(merged: Path, train_rows: int) -> Counter[int]:
     table = pq.read_table(merged, columns=["input_ids", "loss_mask"]).slice(0, train_rows)
     freq: Counter[int] = Counter()
-    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
-        freq.update(t for t, m in zip(ids, mask) if m)
+    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(), strict=True):
+        freq.update(t for t, m in zip(ids, mask, strict=True) if m)
     return freq
 
 
 def build(merged: Path, train_rows: int, draft_vocab_size: int, target_vocab_size: int, d2t_out: Path,
           t2d_out: Path, stats_out: Path) -> dict:
-    import torch
     from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution
 
     freq = token_frequencies(merged, train_rows)
@@ -42,11 +41,11 @@ def build(merged: Path, train_rows: int, draft_vocab_size: int, target_vocab_siz
     if len(freq) < size:
         log.warning("only %d distinct supervised tokens for a draft vocabulary of %d; the rest is filled with "
                     "the lowest unused token ids (more data, or a smaller vocab.draft_vocab_size)", len(freq), size)
-    stats = {"draft_vocab_size": size, "filled_without_data": max(0, size - len(freq)), "target_vocab_size": target_vocab_size, "unique_supervised_tokens": len(freq),
+    stats = {"draft_vocab_size": size, "filled_without_data": max(0, size - len(freq)),
+             "target_vocab_size": target_vocab_size, "unique_supervised_tokens": len(freq),
              "supervised_tokens": sum(freq.values()), "coverage": covered / sum(freq.values())}
     for tensor, out in ((d2t, d2t_out), (t2d, t2d_out)):
-        with atomic_path(out, suffix=".npy") as tmp:
-            with tmp.open("wb") as fh:
-                np.save(fh, tensor.cpu().numpy() if isinstance(tensor, torch.Tensor) else tensor)
+        with atomic_path(out, suffix=".npy") as tmp, tmp.open("wb") as fh:
+            np.save(fh, tensor.numpy())
     write_json(stats_out, stats)
     return stats

@@ -4,7 +4,6 @@ import logging
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 
 from draftsmith import hidden_states as hs
 from draftsmith.runner import run

@@ -6,7 +6,7 @@ from draftsmith.runner import run
 
 
 def main() -> None:
-    tables = dict(zip(sm.params.datasets, map(Path, sm.input.tables)))
+    tables = dict(zip(sm.params.datasets, map(Path, sm.input.tables), strict=True))
     write_json(sm.output.stats, merge(tables, Path(sm.output.table), sm.params.merge["seed"]))
 
 

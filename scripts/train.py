@@ -21,7 +21,7 @@ def main() -> None:
     data_dir = run_dir / "data"
     if not data_dir.exists():
         tr.assemble_training_dir(Path(sm.input.table), {n: Path(m).parent for n, m in
-                                                        zip(manifests, sm.input.manifests)}, data_dir)
+                                                        zip(manifests, sm.input.manifests, strict=True)}, data_dir)
     on_cpu = tr.adapt_for_cpu()
     rows = pq.read_metadata(sm.input.table).num_rows
     argv = tr.speculators_args(cfg, verifier=model, data_dir=data_dir, save_dir=run_dir / "checkpoints",

@@ -4,7 +4,7 @@ from draftsmith.chat import TemplateError, prepare_messages, tokenize_conversati
 
 
 def supervised_text(tokenizer, tok):
-    return tokenizer.decode([t for t, m in zip(tok.input_ids, tok.loss_mask) if m])
+    return tokenizer.decode([t for t, m in zip(tok.input_ids, tok.loss_mask, strict=True) if m])
 
 
 def test_only_assistant_text_and_its_end_token_are_supervised(tokenizer):
@@ -18,7 +18,7 @@ def test_only_assistant_text_and_its_end_token_are_supervised(tokenizer):
     expected = expected["input_ids"] if hasattr(expected, "keys") else expected
     assert tok.input_ids == list(expected)
     # Boilerplate (system prompt the template injects, role headers, user turns) is not supervised.
-    unsupervised = tokenizer.decode([t for t, m in zip(tok.input_ids, tok.loss_mask) if not m])
+    unsupervised = tokenizer.decode([t for t, m in zip(tok.input_ids, tok.loss_mask, strict=True) if not m])
     assert "Say hi." in unsupervised and "<|im_start|>assistant" in unsupervised
 
 

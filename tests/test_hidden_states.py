@@ -41,7 +41,8 @@ def test_transformers_backend_writes_speculators_layout(target_dir, table, tmp_p
 def test_resume_keeps_only_valid_matching_files(table, tmp_path):
     folder = tmp_path / "hs"
     folder.mkdir()
-    good = {"hidden_states": torch.zeros(5, 4, 8, dtype=torch.bfloat16), "token_ids": torch.tensor([1, 504, 3300, 28, 2])}
+    good = {"hidden_states": torch.zeros(5, 4, 8, dtype=torch.bfloat16),
+            "token_ids": torch.tensor([1, 504, 3300, 28, 2])}
     save_file(good, folder / "hs_0.safetensors")
     assert [r for r, _ in hs.rows_to_extract(table, folder)[0]] == [1]
     (folder / "hs_0.safetensors").write_bytes((folder / "hs_0.safetensors").read_bytes()[:40])  # cut by a kill

@@ -44,7 +44,7 @@ def test_bad_config_fails_before_any_job(tmp_path):
 def test_drafter_has_the_tensors_vllm_needs(workdir):
     folder = workdir / "results" / "drafter"
     with safe_open(folder / "final.safetensors", framework="pt") as fh:
-        shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}
+        shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - safe_open is not a dict
         d2t, t2d = fh.get_tensor("d2t"), fh.get_tensor("t2d")
     assert shapes["fc.weight"] == [576, 3 * 576]
     assert shapes["d2t"] == [2048] and shapes["t2d"] == [49152] and shapes["lm_head.weight"] == [2048, 576]
