@@ -134,16 +134,24 @@ class _ValidationMetrics(logging.Handler):
 
 def train(argv: list[str], metrics_file: Path) -> list[dict]:
     """Run speculators' trainer in this process; return validation metrics of every epoch so far."""
-    from speculators.train.cli import main
+    from speculators.train import cli
     from speculators.train.config import TrainConfig
 
     collector = _ValidationMetrics(metrics_file)
-    metrics_logger = logging.getLogger("speculators.metrics")
-    metrics_logger.addHandler(collector)
+    setup_metric_logger = cli.setup_metric_logger
+
+    def setup_then_collect(*args, **kwargs):
+        # speculators configures its loggers with dictConfig inside main(), which replaces any
+        # handler attached beforehand; attach ours right after.
+        setup_metric_logger(*args, **kwargs)
+        logging.getLogger("speculators.metrics").addHandler(collector)
+
+    cli.setup_metric_logger = setup_then_collect
     try:
-        main(TrainConfig.resolve(argv))
+        cli.main(TrainConfig.resolve(argv))
     finally:
-        metrics_logger.removeHandler(collector)
+        cli.setup_metric_logger = setup_metric_logger
+        logging.getLogger("speculators.metrics").removeHandler(collector)
     return read_validation(metrics_file)
 
 

@@ -70,6 +70,9 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     md = (workdir / "results" / "benchmark" / "report.md").read_text()
     assert f"{acc['tau_pooled']:.3f}" in md and "pooled" in md
     assert (workdir / "results" / "benchmark" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    training = json.loads((workdir / "results" / "drafter" / "training.json").read_text())
+    assert training["validation"] and "full_acc_0_epoch" in training["validation"][0]
+    assert "no validation metrics" not in md
 
 
 def test_generation_records_and_stats(workdir):
