@@ -40,7 +40,7 @@ def dataset_cfg(wildcards):
 def local_source(entry):
     """The prompt file as a job input when it is a plain local path (so edits rerun the dataset)."""
     source = entry["source"]
-    if source.startswith("package:"):
+    if source.startswith(("package:", "hf:")):
         return []
     return [source if os.path.isabs(source) else os.path.join(BASE_DIR, source)]
 

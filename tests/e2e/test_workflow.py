@@ -41,6 +41,21 @@ def test_bad_config_fails_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+def test_dry_run_plans_every_kind_of_source_and_names_a_missing_file(tmp_path):
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["datasets"]["hub"] = {"source": "hf:someone/prompts@train", "format": "prompt"}
+    cfg["datasets"]["local"] = {"source": str(tmp_path / "mine.jsonl")}
+    (tmp_path / "mine.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    planned = tmp_path / "planned.yaml"
+    planned.write_text(yaml.safe_dump(cfg))
+    proc = snakemake(tmp_path, "-n", config=planned)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {("generate", d) for d in ("hub", "local", "everyday", "humaneval")} <= planned_jobs(proc.stdout)
+    (tmp_path / "mine.jsonl").unlink()
+    proc = snakemake(tmp_path, "-n", config=planned)
+    assert proc.returncode != 0 and "mine.jsonl" in proc.stdout + proc.stderr
+
+
 def test_drafter_has_the_tensors_vllm_needs(workdir):
     folder = workdir / "results" / "drafter"
     with safe_open(folder / "final.safetensors", framework="pt") as fh:
