@@ -346,7 +346,7 @@ def make_client(base_urls: str | list[str], model: str, settings: GenerationSett
     if api_key_env:
         api_key = os.environ.get(api_key_env)
         if not api_key:
-            raise ValueError(f"environment variable {api_key_env} (server.api_key_env) is not set")
+            raise ValueError(f"environment variable {api_key_env} (generation_server.api_key_env) is not set")
     return ChatClient(base_urls, model, api_key=api_key, headers=headers,
                       request_timeout_s=settings.request_timeout_s, connect_timeout_s=settings.connect_timeout_s,
                       retry=RetryPolicy(max_attempts=settings.max_attempts), max_connections=settings.concurrency)

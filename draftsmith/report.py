@@ -23,7 +23,7 @@ def _pyplot():
 def _save(fig, out: Path) -> None:
     with atomic_path(out, suffix=".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    fig.clf()
+    _pyplot().close(fig)
 
 
 def plot(results: dict, out: Path) -> None:
@@ -51,7 +51,6 @@ def plot(results: dict, out: Path) -> None:
     ax2.legend()
     fig.tight_layout()
     _save(fig, out)
-    plt.close(fig)
 
 
 def ttt_steps(epochs: list[dict]) -> list[int]:
@@ -70,7 +69,6 @@ def plot_training(validation: list[dict], out: Path) -> None:
     ax.legend()
     fig.tight_layout()
     _save(fig, out)
-    plt.close(fig)
 
 
 def markdown(results: dict, generation_stats: dict[str, dict], training: dict, plot_name: str,

@@ -112,7 +112,7 @@ def test_multi_turn_reasoning_and_secret_handling(server, tmp_path, monkeypatch)
 
 def test_missing_api_key_env_is_a_clear_error(server, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_ABSENT_KEY", raising=False)
-    with pytest.raises(ValueError, match="DS_ABSENT_KEY"):
+    with pytest.raises(ValueError, match="DS_ABSENT_KEY .generation_server.api_key_env. is not set"):
         run(server, [P("a", "a")], tmp_path, api_key_env="DS_ABSENT_KEY")
 
 
