@@ -1,12 +1,25 @@
-"""Async OpenAI-compatible chat client: bounded retries with backoff, jitter and Retry-After.
+"""Async OpenAI-compatible chat client for long generation runs against one or more endpoints.
 
-Works against vLLM, SGLang or a hosted API. Errors are classified so the generation stats can
-count them by class; a request that still fails after its attempts raises :class:`RequestFailed`.
+Works against vLLM, SGLang or a hosted API. What it guarantees:
+
+- **Retries** with full-jitter exponential backoff on connection errors, timeouts,
+  408/409/425/429, 5xx (except 501/505, which will not get better), malformed JSON and empty
+  ``choices``; ``Retry-After`` is honoured up to a cap. Every other 4xx, a redirect loop or a bad
+  URL fails at once. A request that still fails raises :class:`RequestFailed` with its class and
+  the number of attempts it really made.
+- **Endpoint health.** Each endpoint has a circuit breaker: after ``trip_after`` connection
+  failures in a row it is taken out of rotation and probed (``GET /models``) with a growing
+  cooldown before any request goes there again. Requests go to the least busy healthy endpoint
+  (random tie-break), and a retry avoids the endpoint that just failed when there is another.
+- **Systemic failure is loud.** When every endpoint has been down for ``outage_grace_s`` and has
+  failed ``max_consecutive_failures`` times in a row, waiting requests raise
+  :class:`EndpointsDown` instead of retrying forever; the caller stops the run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -16,6 +29,8 @@ from typing import Any
 import httpx
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
+FINAL_5XX = {501, 505}  # not implemented / HTTP version not supported: retrying cannot help
+CONNECTION = "connection"
 
 
 @dataclass
@@ -23,11 +38,22 @@ class RetryPolicy:
     max_attempts: int = 5
     backoff_base_s: float = 1.0
     backoff_max_s: float = 60.0
+    max_retry_after_s: float = 600.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Full-jitter exponential backoff; a server's Retry-After wins when it asks for longer."""
+        """Full-jitter exponential backoff; a server's Retry-After wins when it asks for longer (capped)."""
         backoff = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1)))
-        return max(backoff, retry_after or 0.0)
+        return max(backoff, min(retry_after or 0.0, self.max_retry_after_s))
+
+
+@dataclass
+class HealthPolicy:
+    trip_after: int = 3
+    cooldown_s: float = 2.0
+    cooldown_max_s: float = 60.0
+    max_consecutive_failures: int = 20
+    outage_grace_s: float = 60.0
+    probe_timeout_s: float = 10.0
 
 
 @dataclass
@@ -39,6 +65,8 @@ class ChatResult:
     completion_tokens: int
     attempts: int
     cost: float | None = None
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -49,6 +77,10 @@ class RequestFailed(Exception):
 
     def __str__(self) -> str:
         return f"{self.error_class}: {self.message} (after {self.attempts} attempts)"
+
+
+class EndpointsDown(RuntimeError):
+    """Every endpoint is unreachable and stayed so: the run cannot make progress."""
 
 
 @dataclass
@@ -64,17 +96,131 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-class ChatClient:
-    """Chat completions against one or more OpenAI-compatible endpoints.
+@dataclass
+class Endpoint:
+    url: str
+    http: httpx.AsyncClient
+    in_flight: int = 0
+    requests: int = 0
+    failures_in_a_row: int = 0
+    down_since: float | None = None
+    probe_at: float = 0.0
+    cooldown_s: float = 0.0
+    probing: bool = False
+    last_error: str = ""
 
-    With several base URLs (one server per node, say) every attempt goes to the endpoint with
-    the fewest requests in flight, so a retry after a failure usually lands elsewhere.
-    """
+    @property
+    def up(self) -> bool:
+        return self.down_since is None
+
+
+class EndpointPool:
+    """Health-aware choice among endpoints; see the module docstring for the policy."""
+
+    def __init__(self, endpoints: list[Endpoint], policy: HealthPolicy):
+        self.endpoints = endpoints
+        self.policy = policy
+        self.fatal: EndpointsDown | None = None
+        self._changed = asyncio.Event()
+        self._probes: set[asyncio.Task] = set()
+
+    async def acquire(self, avoid: Endpoint | None = None) -> Endpoint:
+        """The least busy healthy endpoint (not ``avoid`` if another is up); waits while none is."""
+        while True:
+            if self.fatal:
+                raise self.fatal
+            up = [e for e in self.endpoints if e.up]
+            if up:
+                choices = [e for e in up if e is not avoid] or up
+                least = min(e.in_flight for e in choices)
+                endpoint = random.choice([e for e in choices if e.in_flight == least])
+                endpoint.in_flight += 1
+                endpoint.requests += 1
+                return endpoint
+            self._tick()
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=0.5)
+            except TimeoutError:
+                pass
+
+    def release(self, endpoint: Endpoint, *, connection_failed: bool, reason: str = "") -> None:
+        endpoint.in_flight -= 1
+        if connection_failed:
+            self._failed(endpoint, reason)
+        else:
+            self._recovered(endpoint)
+
+    def _failed(self, endpoint: Endpoint, reason: str) -> None:
+        endpoint.failures_in_a_row += 1
+        endpoint.last_error = reason
+        now = time.monotonic()
+        if endpoint.up and endpoint.failures_in_a_row >= self.policy.trip_after:
+            endpoint.down_since = now
+            endpoint.cooldown_s = self.policy.cooldown_s
+            endpoint.probe_at = now + endpoint.cooldown_s
+        self._check_outage()
+
+    def _recovered(self, endpoint: Endpoint) -> None:
+        endpoint.failures_in_a_row = 0
+        if not endpoint.up:
+            endpoint.down_since = None
+            self._changed.set()
+
+    def _check_outage(self) -> None:
+        now, policy = time.monotonic(), self.policy
+        if self.fatal or any(e.up for e in self.endpoints):
+            return
+        if all(e.failures_in_a_row >= policy.max_consecutive_failures and now - e.down_since >= policy.outage_grace_s
+               for e in self.endpoints):
+            urls = ", ".join(e.url for e in self.endpoints)
+            self.fatal = EndpointsDown(
+                f"no endpoint reachable for {policy.outage_grace_s:.0f}+ s and {policy.max_consecutive_failures}+ "
+                f"connection failures in a row on each ({urls}); last error: {self.endpoints[-1].last_error}")
+            self._changed.set()
+
+    def _tick(self) -> None:
+        """Start due probes of endpoints that are down, and notice a lasting outage."""
+        now = time.monotonic()
+        for endpoint in self.endpoints:
+            if not endpoint.up and not endpoint.probing and now >= endpoint.probe_at:
+                endpoint.probing = True
+                task = asyncio.create_task(self._probe(endpoint))
+                self._probes.add(task)
+                task.add_done_callback(self._probes.discard)
+        self._check_outage()
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        try:
+            response = await endpoint.http.get("/models", timeout=self.policy.probe_timeout_s)
+            alive = response.status_code < 500
+            reason = f"probe answered {response.status_code}"
+        except httpx.HTTPError as err:
+            alive, reason = False, f"probe: {type(err).__name__}: {err}"
+        finally:
+            endpoint.probing = False
+        if alive:
+            self._recovered(endpoint)
+        else:
+            endpoint.cooldown_s = min(endpoint.cooldown_s * 2, self.policy.cooldown_max_s)
+            endpoint.probe_at = time.monotonic() + endpoint.cooldown_s
+            self._failed(endpoint, reason)
+
+    async def aclose(self) -> None:
+        for task in list(self._probes):
+            task.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
+        for endpoint in self.endpoints:
+            await endpoint.http.aclose()
+
+
+class ChatClient:
+    """Chat completions against one or more OpenAI-compatible endpoints."""
 
     def __init__(self, base_urls: str | list[str], model: str, *, api_key: str | None = None,
                  headers: dict[str, str] | None = None, request_timeout_s: float = 1800.0,
                  connect_timeout_s: float = 30.0, retry: RetryPolicy | None = None,
-                 max_connections: int = 200):
+                 health: HealthPolicy | None = None, max_connections: int = 200):
         all_headers = dict(headers or {})
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
@@ -84,49 +230,59 @@ class ChatClient:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("no endpoint base URL given")
-        self._endpoints = [httpx.AsyncClient(
-            base_url=url.rstrip("/"), headers=all_headers,
-            timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
-            for url in urls]
-        self._in_flight = [0] * len(urls)
-        self.requests_by_endpoint = [0] * len(urls)
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.pool = EndpointPool([Endpoint(url, httpx.AsyncClient(
+            base_url=url.rstrip("/"), headers=all_headers, limits=limits, follow_redirects=True,
+            timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s))) for url in urls],
+            health or HealthPolicy())
+
+    @property
+    def requests_by_endpoint(self) -> list[int]:
+        return [e.requests for e in self.pool.endpoints]
 
     async def aclose(self) -> None:
-        for endpoint in self._endpoints:
-            await endpoint.aclose()
+        await self.pool.aclose()
 
     async def chat(self, messages: list[dict], sampling: dict[str, Any]) -> ChatResult:
         body = {"model": self.model, "messages": messages, **sampling}
         attempt = 0
+        last: Endpoint | None = None
         while True:
             attempt += 1
+            endpoint = await self.pool.acquire(avoid=last)
             try:
-                return self._parse(await self._post(body), attempt)
+                return self._parse(await self._post(endpoint, body), attempt)
             except _Retryable as err:
+                last = endpoint
                 if attempt >= self.retry.max_attempts:
                     raise RequestFailed(err.error_class, str(err), attempt) from None
                 self.stats.retries += 1
                 self.stats.retries_by_class[err.error_class] = self.stats.retries_by_class.get(err.error_class, 0) + 1
                 await asyncio.sleep(self.retry.delay(attempt, err.retry_after))
+            except RequestFailed as err:
+                err.attempts = attempt
+                raise
 
-    async def _post(self, body: dict) -> dict:
-        i = min(range(len(self._endpoints)), key=self._in_flight.__getitem__)
-        self._in_flight[i] += 1
-        self.requests_by_endpoint[i] += 1
+    async def _post(self, endpoint: Endpoint, body: dict) -> dict:
+        connection_failed, reason = False, ""
         try:
-            response = await self._endpoints[i].post("/chat/completions", json=body)
+            response = await endpoint.http.post("/chat/completions", json=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.NetworkError, httpx.RemoteProtocolError) as err:
+            connection_failed, reason = True, f"{type(err).__name__}: {err}"
+            raise _Retryable(CONNECTION, f"{endpoint.url}: {reason}") from None
         except httpx.TimeoutException as err:
             raise _Retryable("timeout", f"{type(err).__name__}: {err}") from None
-        except httpx.TransportError as err:
-            raise _Retryable("connection", f"{type(err).__name__}: {err}") from None
+        except (httpx.DecodingError, httpx.TransportError) as err:
+            raise _Retryable("transport", f"{type(err).__name__}: {err}") from None
+        except (httpx.TooManyRedirects, httpx.InvalidURL, httpx.UnsupportedProtocol) as err:
+            raise RequestFailed("request", f"{type(err).__name__}: {err}", 0) from None
         finally:
-            self._in_flight[i] -= 1
+            self.pool.release(endpoint, connection_failed=connection_failed, reason=reason)
         status = response.status_code
-        if status in RETRYABLE_STATUS or status >= 500:
+        if status in RETRYABLE_STATUS or (status >= 500 and status not in FINAL_5XX):
             raise _Retryable(f"http_{status}", _short(response.text), _retry_after(response))
         if status >= 400:
-            raise RequestFailed(f"http_{status}", _short(response.text), 1)
+            raise RequestFailed(f"http_{status}", _short(response.text), 0)
         try:
             return response.json()
         except ValueError:
@@ -135,34 +291,45 @@ class ChatClient:
     @staticmethod
     def _parse(payload: dict, attempt: int) -> ChatResult:
         choices = payload.get("choices") if isinstance(payload, dict) else None
-        if not choices:
+        if not choices or not isinstance(choices[0], dict):
             raise _Retryable("empty_choices", f"response has no choices: {_short(str(payload))}")
         choice = choices[0]
         message = choice.get("message") or {}
-        content = message.get("content")
-        if not isinstance(content, str):
-            raise _Retryable("malformed_response", "choices[0].message.content is not a string")
         # vLLM names it `reasoning` (newer) or `reasoning_content`; SGLang and hosted APIs vary.
         reasoning = message.get("reasoning_content") or message.get("reasoning")
+        reasoning = reasoning if isinstance(reasoning, str) else None
+        content = message.get("content")
+        finish_reason = choice.get("finish_reason")
+        if content is None and (reasoning or finish_reason == "length"):
+            content = ""  # a reasoning model cut by max_tokens while thinking: an answer, not an error
+        if not isinstance(content, str):
+            raise _Retryable("malformed_response", "choices[0].message.content is not a string")
         usage = payload.get("usage") or {}
-        return ChatResult(content=content, reasoning=reasoning if isinstance(reasoning, str) else None,
-                          finish_reason=choice.get("finish_reason"),
+        return ChatResult(content=content, reasoning=reasoning, finish_reason=finish_reason,
                           prompt_tokens=int(usage.get("prompt_tokens") or 0),
                           completion_tokens=int(usage.get("completion_tokens") or 0),
-                          attempts=attempt, cost=usage.get("cost"))
+                          attempts=attempt, cost=usage.get("cost"),
+                          token_ids=_int_list(choice.get("token_ids")),
+                          prompt_token_ids=_int_list(payload.get("prompt_token_ids")))
+
+
+def _int_list(value: Any) -> list[int] | None:
+    return [int(v) for v in value] if isinstance(value, list) else None
 
 
 def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds the server asks us to wait; None when absent, unparsable or not finite."""
     value = response.headers.get("retry-after")
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
         except (TypeError, ValueError):
             return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -1,26 +1,31 @@
-"""Regenerate a dataset's answers with the target model: resumable, budgeted, counted.
+"""Regenerate a dataset's answers with the target model: resumable, budgeted, counted, loud on failure.
 
 Semantics (documented in the README):
-- **Resume by id.** Each finished record is appended to a journal (flushed and fsynced every
-  ``fsync_every`` records). A rerun skips ids already journaled and re-sends only what was in
-  flight when the run died. A line cut by a kill is detected and dropped. The journal's name
-  carries a hash of everything that changes an answer (model, prompts file, sampling), so a
-  settings change never mixes old and new answers.
-- **Token budget.** Prompts are launched in file order. A new prompt is not launched once
-  ``completion tokens journaled + expected tokens of requests in flight >= token_budget``; the
-  expectation per in-flight request is the running mean of finished records (``max_tokens``
-  before the first finishes). Requests in flight always complete, so the final total may exceed
-  the budget by at most the in-flight answers. ``max_samples`` caps kept records likewise.
+- **Resume by content.** Each finished record is appended to a journal (flushed and fsynced every
+  ``fsync_every`` records) with its prompt id and a digest of the prompt's messages. A rerun
+  skips a prompt whose id *and* digest are journaled, so an edited prompt is answered again and
+  nothing else is. The journal's name carries a digest of what changes an answer (target name,
+  sampling, chat-template arguments): never a path, so moving the project keeps every journal.
+  A line cut by a kill is detected and dropped.
+- **Token budget.** Prompts are launched in file order while ``completion tokens journaled +
+  expected tokens of requests in flight < token_budget``, the expectation per request being the
+  running mean of finished records (``max_tokens`` before the first finishes). When the
+  expectation says "full" but the journaled tokens do not, the loop waits for answers in flight
+  and checks again, so the budget is spent, not abandoned. Requests in flight always finish: the
+  total exceeds the budget by at most the answers in flight. ``max_samples`` works the same way.
 - **finish_reason policy.** ``keep`` keeps truncated answers, ``mark`` keeps them with
-  ``"truncated": true``, ``drop`` journals them as dropped (not retried on resume) and counts them.
-- **Failures** after all retries go to the errors file with class and message, and are counted;
-  they are not journaled, so the next run of the dataset tries them again.
+  ``"truncated": true``, ``drop`` journals them as dropped (not retried on resume) and counts
+  them. A reasoning model cut while thinking (``content: null``) is a truncated answer. A turn
+  cut by ``max_tokens`` ends a multi-turn conversation: later turns would build on a cut answer.
+- **Failures.** A prompt that still fails after its retries goes to the errors file and is tried
+  again by the next run. The run fails, keeping its journal and writing no outputs, when more
+  than ``max_error_fraction`` of the prompts it tried failed, when every endpoint stayed
+  unreachable (see :mod:`draftsmith.client`), or when the managed server exited.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +33,7 @@ import signal
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,15 +41,20 @@ from typing import Any
 from tqdm import tqdm
 
 from draftsmith.atomic import write_json, write_jsonl
-from draftsmith.client import ChatClient, RequestFailed, RetryPolicy
+from draftsmith.client import ChatClient, EndpointsDown, HealthPolicy, RequestFailed, RetryPolicy
 from draftsmith.datasets import Prompt
+from draftsmith.digest import ids_digest, json_digest, prompt_digest
 
 log = logging.getLogger(__name__)
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 
 
 class GenerationInterrupted(RuntimeError):
+    pass
+
+
+class GenerationFailed(RuntimeError):
     pass
 
 
@@ -60,13 +71,16 @@ class GenerationSettings:
     chat_template_kwargs: dict[str, Any] | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
     fsync_every: int = 16
+    max_error_fraction: float = 0.01
+    return_token_ids: bool = False
 
     @classmethod
-    def from_config(cls, cfg: dict) -> GenerationSettings:
-        known = {k: v for k, v in cfg.items() if k in cls.__dataclass_fields__}
+    def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
+        known = {k: v for k, v in {**cfg, **extra}.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
-    def sampling(self) -> dict[str, Any]:
+    def answer_affecting(self) -> dict[str, Any]:
+        """What changes an answer (and so names the journal)."""
         body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
         if self.top_p is not None:
             body["top_p"] = self.top_p
@@ -74,12 +88,13 @@ class GenerationSettings:
             body["chat_template_kwargs"] = self.chat_template_kwargs
         return {**body, **self.extra_body}
 
+    def request_body(self) -> dict[str, Any]:
+        return {**self.answer_affecting(), **({"return_token_ids": True} if self.return_token_ids else {})}
 
-def settings_key(model: str, prompts_file: Path, settings: GenerationSettings) -> str:
-    """Hash of everything that changes an answer: names the journal so settings never mix."""
-    payload = json.dumps([model, str(prompts_file), settings.sampling(), settings.finish_reason_policy],
-                         sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+def settings_key(model_name: str, settings: GenerationSettings) -> str:
+    """Names the journal: everything that changes an answer, nothing about where files live."""
+    return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy], 12)
 
 
 class Journal:
@@ -92,6 +107,7 @@ class Journal:
         self._fh = None
 
     def load(self) -> dict[str, dict]:
+        """The latest record per prompt id."""
         records: dict[str, dict] = {}
         if not self.path.exists():
             return records
@@ -155,25 +171,43 @@ class _Run:
     kept: int = 0
     in_flight: int = 0
     errors: list[dict] = field(default_factory=list)
-    requests_this_run: int = 0
+    prompts_this_run: int = 0
     cost: float = 0.0
     tokens_this_run: int = 0
+    fatal: str | None = None
     started: float = field(default_factory=time.monotonic)
 
     def expected_per_request(self, max_tokens: int) -> float:
         return self.completion_tokens / self.kept if self.kept else float(max_tokens)
 
 
+@dataclass
+class Limits:
+    max_samples: int | None = None
+    token_budget: int | None = None
+
+    def reached(self, run: _Run, max_tokens: int | None = None) -> bool:
+        """Whether the journaled answers meet the limits; with ``max_tokens``, counting the answers
+        in flight as their expected size (``max_tokens`` until the first one finishes)."""
+        in_flight = run.in_flight if max_tokens is not None else 0
+        if self.max_samples is not None and run.kept + in_flight >= self.max_samples:
+            return True
+        expected = in_flight * run.expected_per_request(max_tokens or 0)
+        return self.token_budget is not None and run.completion_tokens + expected >= self.token_budget
+
+
 async def generate(prompts: list[Prompt], client: ChatClient | None, settings: GenerationSettings, outputs: Outputs,
                    *, max_samples: int | None, token_budget: int | None, dataset: str,
-                   rejects: int = 0) -> dict:
+                   server_exit: Callable[[], str | None] | None = None) -> dict:
     """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically.
 
-    ``client`` may be None when :func:`has_work` said there is nothing to send.
+    ``client`` may be None when :func:`has_work` said there is nothing to send. ``server_exit``
+    returns a message once a managed server has exited, which stops the run at once.
     """
     journal = Journal(outputs.journal, settings.fsync_every)
     run = _resume(prompts, journal)
-    todo = [p for p in prompts if p.id not in run.done]
+    limits = Limits(max_samples, token_budget)
+    todo = [p for p in prompts if not _journaled(run.done, p)]
     log.info("%s: %d prompts, %d already journaled, %d to send", dataset, len(prompts), len(prompts) - len(todo),
              len(todo))
     stop = asyncio.Event()
@@ -184,44 +218,53 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
     bar = tqdm(total=_bar_total(len(prompts), max_samples, token_budget), desc=dataset,
                unit="tok" if token_budget else "rec", initial=run.completion_tokens if token_budget else run.kept,
                mininterval=2.0, dynamic_ncols=True)
+    watchdog = asyncio.create_task(_watch_server(server_exit, run, stop)) if server_exit else None
     try:
-        await _launch_all(todo, client, settings, journal, run, bar, stop, max_samples, token_budget)
+        await _launch_all(todo, client, settings, journal, run, bar, stop, limits)
     finally:
+        if watchdog:
+            watchdog.cancel()
         journal.close()
         bar.close()
         for sig, handler in previous.items():
             loop.remove_signal_handler(sig)
             signal.signal(sig, handler)  # e.g. the managed server's "stop me" handler
+    resume_hint = f"{len(run.done)} records are journaled in {outputs.journal} and a rerun resumes from there"
+    if run.fatal:
+        raise GenerationFailed(f"{dataset}: {run.fatal}; no output was written; {resume_hint}")
     if stop.is_set():
-        raise GenerationInterrupted(f"{dataset}: interrupted; {len(run.done)} records are journaled in "
-                                    f"{outputs.journal} and a rerun resumes from there")
-    stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, rejects, max_samples, token_budget)
-    ordered = [run.done[p.id] for p in prompts if p.id in run.done and run.done[p.id]["status"] == "ok"]
+        raise GenerationInterrupted(f"{dataset}: interrupted; {resume_hint}")
+    _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
+    stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
+    ordered = [run.done[p.id] for p in prompts if _journaled(run.done, p) and run.done[p.id]["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)
     write_jsonl(outputs.responses, ordered)
     return stats
 
 
+def _journaled(done: dict[str, dict], prompt: Prompt) -> bool:
+    record = done.get(prompt.id)
+    return record is not None and record["prompt_hash"] == prompt_digest(prompt.turns, prompt.system)
+
+
 def _resume(prompts: list[Prompt], journal: Journal) -> _Run:
-    """State of a run that starts from what the journal already holds."""
+    """State of a run that starts from what the journal already holds (for these prompts only)."""
     run = _Run(done=journal.load())
-    ids = {p.id for p in prompts}
-    for rec in run.done.values():
-        if rec["id"] in ids and rec["status"] == "ok":
+    for prompt in prompts:
+        record = run.done.get(prompt.id)
+        if _journaled(run.done, prompt) and record["status"] == "ok":
             run.kept += 1
-            run.completion_tokens += rec["usage"]["completion_tokens"]
+            run.completion_tokens += record["usage"]["completion_tokens"]
     return run
 
 
 def has_work(prompts: list[Prompt], journal_path: Path, max_samples: int | None, token_budget: int | None) -> bool:
     """Whether a run would send anything, so a finished dataset does not start a server."""
     run = _resume(prompts, Journal(journal_path, 1))
-    if all(p.id in run.done for p in prompts):
+    if all(_journaled(run.done, p) for p in prompts):
         return False
-    if max_samples is not None and run.kept >= max_samples:
-        return False
-    return token_budget is None or run.completion_tokens < token_budget
+    return not Limits(max_samples, token_budget).reached(run)
 
 
 def _bar_total(n: int, max_samples: int | None, token_budget: int | None) -> int:
@@ -230,8 +273,34 @@ def _bar_total(n: int, max_samples: int | None, token_budget: int | None) -> int
     return min(n, max_samples) if max_samples else n
 
 
-async def _launch_all(todo, client, settings, journal, run, bar, stop, max_samples, token_budget) -> None:
-    """Launch prompts in order, at most ``concurrency`` at once, until done, budget or stop."""
+def _check_error_fraction(dataset: str, prompts: list[Prompt], run: _Run, max_fraction: float,
+                          resume_hint: str) -> None:
+    """Fail when too many of the dataset's prompts that were tried have no answer."""
+    tried = len(run.errors) + sum(_journaled(run.done, p) for p in prompts)
+    if not run.errors or len(run.errors) <= max_fraction * tried:
+        return
+    by_class = Counter(e["error_class"] for e in run.errors)
+    first = run.errors[0]
+    raise GenerationFailed(
+        f"{dataset}: {len(run.errors)} of {tried} prompts failed ({len(run.errors) / tried:.1%}, above "
+        f"max_error_fraction {max_fraction:.1%}); by class: {dict(by_class)}; first: {first['id']}: "
+        f"{first['error_class']}: {first['message']}; no output was written; {resume_hint} and retries only "
+        "the failed prompts")
+
+
+async def _watch_server(server_exit: Callable[[], str | None], run: _Run, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        message = server_exit()
+        if message:
+            run.fatal = message
+            stop.set()
+            return
+        await asyncio.sleep(1.0)
+
+
+async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, journal: Journal, run: _Run, bar,
+                      stop: asyncio.Event, limits: Limits) -> None:
+    """Launch prompts in order, at most ``concurrency`` at once, until done, limits reached or stop."""
     tasks: set[asyncio.Task] = set()
     stopper = asyncio.create_task(stop.wait())
 
@@ -239,19 +308,20 @@ async def _launch_all(todo, client, settings, journal, run, bar, stop, max_sampl
         done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stopper}:
             tasks.discard(task)
-            task.result()  # surface bugs; request failures are handled inside _one
-
-    def budget_reached() -> bool:
-        if max_samples is not None and run.kept + run.in_flight >= max_samples:
-            return True
-        expected = run.completion_tokens + run.in_flight * run.expected_per_request(settings.max_tokens)
-        return token_budget is not None and expected >= token_budget
+            try:
+                task.result()  # request failures are handled inside _one; this surfaces the rest
+            except EndpointsDown as err:
+                run.fatal = str(err)
+                stop.set()
 
     try:
         for prompt in todo:
-            while len(tasks) >= settings.concurrency and not stop.is_set():
+            # Wait while the slots are full or the in-flight estimate says the limits are met but
+            # the journaled answers do not: the finishing answers decide whether more are needed.
+            while not stop.is_set() and tasks and (len(tasks) >= settings.concurrency
+                                                   or limits.reached(run, settings.max_tokens)):
                 await wait_some()
-            if stop.is_set() or budget_reached():
+            if stop.is_set() or limits.reached(run):
                 break
             run.in_flight += 1
             tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar)))
@@ -266,33 +336,36 @@ async def _launch_all(todo, client, settings, journal, run, bar, stop, max_sampl
 
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
                bar: tqdm) -> None:
-    run.requests_this_run += 1
+    run.prompts_this_run += 1
     try:
         messages: list[dict] = [{"role": "system", "content": prompt.system}] if prompt.system else []
-        usage = {"prompt_tokens": 0, "completion_tokens": 0}
-        finish_reasons: list[str | None] = []
+        turns: list[dict] = []
         begun = time.monotonic()
         try:
-            for turn in prompt.turns:  # multi-turn prompts are answered turn by turn
+            for turn in prompt.turns:  # multi-turn prompts are answered turn by turn, on the model's own history
                 messages.append({"role": "user", "content": turn})
-                result = await client.chat(messages, settings.sampling())
+                result = await client.chat(messages, settings.request_body())
                 answer: dict[str, Any] = {"role": "assistant", "content": result.content}
                 if result.reasoning:
                     answer["reasoning"] = result.reasoning
                 messages.append(answer)
-                usage["prompt_tokens"] += result.prompt_tokens
-                usage["completion_tokens"] += result.completion_tokens
-                finish_reasons.append(result.finish_reason)
+                turns.append(_turn_record(result))
                 run.cost += result.cost or 0.0
+                if result.finish_reason == "length":
+                    break
         except RequestFailed as failed:
             run.errors.append({"id": prompt.id, "error_class": failed.error_class, "message": failed.message,
                                "attempts": failed.attempts})
             log.warning("%s failed: %s", prompt.id, failed)
             return
+        finish_reasons = [t["finish_reason"] for t in turns]
         truncated = "length" in finish_reasons
         status = "dropped_truncated" if truncated and settings.finish_reason_policy == "drop" else "ok"
-        record = {"format": RECORD_FORMAT, "id": prompt.id, "status": status, "messages": messages,
-                  "finish_reason": finish_reasons[-1], "finish_reasons": finish_reasons, "usage": usage,
+        usage = {"prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+                 "completion_tokens": sum(t["completion_tokens"] for t in turns)}
+        record = {"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt_digest(prompt.turns, prompt.system),
+                  "status": status, "messages": messages, "finish_reason": finish_reasons[-1],
+                  "finish_reasons": finish_reasons, "usage": usage, "turns": turns,
                   "latency_s": round(time.monotonic() - begun, 3)}
         if settings.finish_reason_policy == "mark":
             record["truncated"] = truncated
@@ -304,34 +377,46 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
             run.tokens_this_run += usage["completion_tokens"]
             bar.update(usage["completion_tokens"] if bar.unit == "tok" else 1)
             elapsed = max(time.monotonic() - run.started, 1e-6)
-            bar.set_postfix(rec=run.kept, req_s=f"{run.requests_this_run / elapsed:.2f}",
+            bar.set_postfix(rec=run.kept, req_s=f"{run.prompts_this_run / elapsed:.2f}",
                             tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
     finally:
         run.in_flight -= 1
 
 
-def _stats(dataset, prompts, run: _Run, client: ChatClient, wall_s, rejects, max_samples, token_budget) -> dict:
-    ids = {p.id for p in prompts}
-    records = [r for r in run.done.values() if r["id"] in ids]
+def _turn_record(result) -> dict:
+    """Per-turn facts the tokenize stage checks against: what the server counted and produced."""
+    turn = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "finish_reason": result.finish_reason}
+    if result.prompt_token_ids is not None:
+        turn["prompt_ids_digest"] = ids_digest(result.prompt_token_ids)
+    if result.token_ids is not None:
+        turn["token_ids"] = result.token_ids
+    return turn
+
+
+def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
+           settings: GenerationSettings) -> dict:
+    records = [run.done[p.id] for p in prompts if _journaled(run.done, p)]
     ok = [r for r in records if r["status"] == "ok"]
     lat = sorted(r["latency_s"] for r in ok)
     return {
         "dataset": dataset,
         "prompts_available": len(prompts),
-        "rejected_rows": rejects,
         "records": len(ok),
         "dropped_truncated": sum(r["status"] == "dropped_truncated" for r in records),
-        "truncated_kept": sum(r["status"] == "ok" and "length" in r["finish_reasons"] for r in ok),
+        "truncated_kept": sum("length" in r["finish_reasons"] for r in ok),
+        "reasoning_records": sum(any("reasoning" in m for m in r["messages"]) for r in ok),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
+        "max_error_fraction": settings.max_error_fraction,
         "retries": client.stats.retries if client else 0,
         "retries_by_class": client.stats.retries_by_class if client else {},
         "requests_by_endpoint": client.requests_by_endpoint if client else [],
         "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in ok),
         "completion_tokens": sum(r["usage"]["completion_tokens"] for r in ok),
-        "max_samples": max_samples,
-        "token_budget": token_budget,
-        "requests_this_run": run.requests_this_run,
+        "max_samples": limits.max_samples,
+        "token_budget": limits.token_budget,
+        "prompts_sent_this_run": run.prompts_this_run,
         "latency_p50_s": statistics.median(lat) if lat else None,
         "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
         "wall_s_this_run": round(wall_s, 3),
@@ -340,13 +425,20 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient, wall_s, rejects, max
 
 
 def make_client(base_urls: str | list[str], model: str, settings: GenerationSettings, api_key_env: str | None,
-                headers: dict[str, str] | None) -> ChatClient:
-    """The API key is read from the environment variable named in config, never from config itself."""
-    api_key = None
-    if api_key_env:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise ValueError(f"environment variable {api_key_env} (generation_server.api_key_env) is not set")
-    return ChatClient(base_urls, model, api_key=api_key, headers=headers,
+                headers: dict[str, Any] | None, health: HealthPolicy | None = None,
+                max_retry_after_s: float = 600.0) -> ChatClient:
+    """Secrets (the API key, header values given as ``{env: NAME}``) come from the environment only."""
+    api_key = _from_env(api_key_env, "generation_server.api_key_env") if api_key_env else None
+    resolved = {name: _from_env(value["env"], f"generation_server.headers.{name}") if isinstance(value, dict) else value
+                for name, value in (headers or {}).items()}
+    return ChatClient(base_urls, model, api_key=api_key, headers=resolved,
                       request_timeout_s=settings.request_timeout_s, connect_timeout_s=settings.connect_timeout_s,
-                      retry=RetryPolicy(max_attempts=settings.max_attempts), max_connections=settings.concurrency)
+                      retry=RetryPolicy(max_attempts=settings.max_attempts, max_retry_after_s=max_retry_after_s),
+                      health=health, max_connections=settings.concurrency)
+
+
+def _from_env(name: str, key: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ValueError(f"environment variable {name} ({key}) is not set")
+    return value

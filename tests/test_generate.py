@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from draftsmith.client import RetryPolicy
+from draftsmith.client import HealthPolicy, RetryPolicy
 from draftsmith.datasets import Prompt
-from draftsmith.generate import GenerationSettings, Journal, Outputs, generate, has_work, make_client
+from draftsmith.generate import (GenerationFailed, GenerationSettings, Journal, Outputs, generate, has_work,
+                                 make_client, settings_key)
 from tests.conftest import REPO
 from tests.fault_server import FaultServer
 
@@ -25,9 +26,11 @@ def outputs(tmp_path):
                    tmp_path / "journal" / "j.jsonl")
 
 
-def run(server, prompts, tmp_path, *, settings=None, max_samples=None, token_budget=None, api_key_env=None):
-    settings = settings or GenerationSettings(concurrency=4, request_timeout_s=1.0, connect_timeout_s=1.0)
-    client = make_client(server.base_url, "m", settings, api_key_env, {"X-Extra": "yes"})
+def run(server, prompts, tmp_path, *, settings=None, max_samples=None, token_budget=None, api_key_env=None,
+        headers=None):
+    settings = settings or GenerationSettings(concurrency=4, request_timeout_s=1.0, connect_timeout_s=1.0,
+                                              max_error_fraction=1.0)
+    client = make_client(server.base_url, "m", settings, api_key_env, headers or {"X-Extra": "yes"})
     client.retry = RetryPolicy(max_attempts=settings.max_attempts, backoff_base_s=0.01, backoff_max_s=0.05)
 
     async def go():
@@ -50,23 +53,58 @@ def P(pid, *turns):
 
 def test_every_fault_is_retried_or_counted(server, tmp_path):
     prompts = [P(f"p{k}", f"q{k} fault={k}x1") for k in ("500", "429", "reset", "timeout", "malformed", "empty")]
-    prompts += [P("p503", "q fault=503x2"), P("dead", "q fault=500xall"), P("bad", "q fault=400x1")]
+    prompts += [P("p503", "q fault=503x2"), P("dead", "q fault=500xall"), P("bad", "q fault=400x1"),
+                P("late400", "q fault=503x1 then=400")]
     stats = run(server, prompts, tmp_path)
     got = {r["id"] for r in read(tmp_path / "out.jsonl")}
-    assert got == {p.id for p in prompts} - {"dead", "bad"}
+    assert got == {p.id for p in prompts} - {"dead", "bad", "late400"}
     errors = {e["id"]: e for e in read(tmp_path / "errors.jsonl")}
     assert errors["dead"]["error_class"] == "http_500" and errors["dead"]["attempts"] == 5
     assert errors["bad"]["error_class"] == "http_400" and errors["bad"]["attempts"] == 1
-    assert stats["errors"] == 2 and stats["errors_by_class"] == {"http_500": 1, "http_400": 1}
+    assert errors["late400"]["error_class"] == "http_400" and errors["late400"]["attempts"] == 2
+    assert stats["errors"] == 3 and stats["errors_by_class"] == {"http_500": 1, "http_400": 2}
     assert stats["retries_by_class"] == {"http_500": 1 + 4, "http_429": 1, "connection": 1, "timeout": 1,
-                                         "malformed_json": 1, "empty_choices": 1, "http_503": 2}
+                                         "malformed_json": 1, "empty_choices": 1, "http_503": 2 + 1}
     assert stats["records"] == 7
 
 
-def test_retry_after_wins_over_short_backoff():
-    policy = RetryPolicy(backoff_base_s=0.01, backoff_max_s=0.05)
+@pytest.mark.parametrize("status", [501, 505])
+def test_not_implemented_is_not_retried(server, tmp_path, status):
+    run(server, [P("x", f"q fault={status}xall")], tmp_path)
+    (error,) = read(tmp_path / "errors.jsonl")
+    assert error["error_class"] == f"http_{status}" and error["attempts"] == 1
+
+
+def test_retry_after_is_capped_and_must_be_finite():
+    import httpx
+
+    from draftsmith.client import _retry_after
+
+    policy = RetryPolicy(backoff_base_s=0.01, backoff_max_s=0.05, max_retry_after_s=30)
     assert policy.delay(1, retry_after=3.0) == 3.0
+    assert policy.delay(1, retry_after=86400.0) == 30
     assert policy.delay(3, retry_after=None) <= 0.05
+    for value, expected in (("7", 7.0), ("inf", None), ("nan", None), ("-3", 0.0), ("soon", None)):
+        assert _retry_after(httpx.Response(429, headers={"Retry-After": value})) == expected
+
+
+def test_transport_errors_of_every_class_are_classified(server, tmp_path):
+    prompts = [P("gz", "q fault=badgzipx1"), P("loop", "q fault=redirectxall")]
+    stats = run(server, prompts, tmp_path)
+    assert [r["id"] for r in read(tmp_path / "out.jsonl")] == ["gz"]  # a broken body is retried
+    (error,) = read(tmp_path / "errors.jsonl")
+    assert error["id"] == "loop" and error["error_class"] == "request"  # a redirect loop is final
+    assert stats["retries_by_class"] == {"transport": 1}
+
+
+def test_headers_take_values_from_the_environment(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("DS_HEADER_SECRET", "hdr-secret")
+    run(server, [P("a", "a")], tmp_path, headers={"X-Api-Key": {"env": "DS_HEADER_SECRET"}, "X-Plain": "p"})
+    assert server.headers[-1]["X-Api-Key"] == "hdr-secret" and server.headers[-1]["X-Plain"] == "p"
+    assert not any("hdr-secret" in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+    monkeypatch.delenv("DS_HEADER_SECRET")
+    with pytest.raises(ValueError, match="DS_HEADER_SECRET .generation_server.headers.X-Api-Key. is not set"):
+        run(server, [P("a", "a")], tmp_path, headers={"X-Api-Key": {"env": "DS_HEADER_SECRET"}})
 
 
 def test_token_budget_stops_launching(server, tmp_path):
@@ -110,6 +148,12 @@ def test_multi_turn_reasoning_and_secret_handling(server, tmp_path, monkeypatch)
             assert "sk-very-secret" not in path.read_text()
 
 
+def test_a_turn_cut_by_max_tokens_ends_the_conversation(server, tmp_path):
+    run(server, [P("mt", "first finish=length", "second")], tmp_path)
+    (rec,) = read(tmp_path / "out.jsonl")
+    assert [m["role"] for m in rec["messages"]] == ["user", "assistant"] and rec["finish_reasons"] == ["length"]
+
+
 def test_missing_api_key_env_is_a_clear_error(server, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_ABSENT_KEY", raising=False)
     with pytest.raises(ValueError, match="DS_ABSENT_KEY .generation_server.api_key_env. is not set"):
@@ -121,7 +165,7 @@ def test_resume_skips_journaled_ids_and_drops_a_cut_line(server, tmp_path):
     run(server, prompts[:2], tmp_path)
     journal = tmp_path / "journal" / "j.jsonl"
     with journal.open("a") as fh:
-        fh.write('{"format": 1, "id": "p2", "status": "o')  # a kill -9 mid-write
+        fh.write('{"format": 2, "id": "p2", "status": "o')  # a kill -9 mid-write
     sent_before = len(server.requests)
     run(server, prompts, tmp_path)
     assert len(server.requests) - sent_before == 3  # p2 (cut), p3, p4
@@ -130,11 +174,64 @@ def test_resume_skips_journaled_ids_and_drops_a_cut_line(server, tmp_path):
     assert len(read(journal)) == 5
 
 
+def test_an_edited_prompt_is_answered_again_and_nothing_else(server, tmp_path):
+    prompts = [P(f"p{i}", f"q{i}") for i in range(4)]
+    run(server, prompts, tmp_path)
+    sent_before = len(server.requests)
+    edited = [*prompts[:2], P("p2", "q2 edited"), prompts[3]]
+    run(server, edited, tmp_path)
+    assert [r["messages"][0]["content"] for r in server.requests[sent_before:]] == ["q2 edited"]
+    by_id = {r["id"]: r for r in read(tmp_path / "out.jsonl")}
+    assert by_id["p2"]["messages"][1]["content"] == "answer to q2 edited" and len(by_id) == 4
+
+
+def test_journal_name_depends_on_answers_not_on_paths():
+    settings = GenerationSettings(max_tokens=64)
+    assert settings_key("target", settings) == settings_key("target", GenerationSettings(max_tokens=64,
+                                                                                         concurrency=7))
+    assert settings_key("target", settings) != settings_key("target", GenerationSettings(max_tokens=65))
+    assert settings_key("target", settings) != settings_key("other", settings)
+
+
 def test_journal_from_another_format_is_refused(tmp_path):
     path = tmp_path / "j.jsonl"
     path.write_text(json.dumps({"format": 0, "id": "x"}) + "\n")
     with pytest.raises(ValueError, match="record format 0.*delete the journal"):
         Journal(path, 1).load()
+
+
+def test_too_many_failed_prompts_fail_the_run_and_keep_the_journal(server, tmp_path):
+    prompts = [P(f"p{i}", f"q{i}" + (" fault=400xall" if i % 10 == 0 else "")) for i in range(50)]
+    settings = GenerationSettings(concurrency=8, request_timeout_s=5, max_error_fraction=0.05)
+    with pytest.raises(GenerationFailed, match=r"5 of 50 prompts failed \(10.0%, above max_error_fraction 5.0%\)"):
+        run(server, prompts, tmp_path, settings=settings)
+    assert not (tmp_path / "out.jsonl").exists()
+    assert len(read(tmp_path / "journal" / "j.jsonl")) == 45
+    stats = run(server, prompts, tmp_path, settings=GenerationSettings(max_error_fraction=0.1))
+    assert stats["records"] == 45 and stats["prompts_sent_this_run"] == 5  # only the failed ones again
+
+
+def test_an_exited_managed_server_stops_the_run_at_once(server, tmp_path):
+    prompts = [P(f"p{i}", f"q{i} delay=0.3") for i in range(40)]
+    settings = GenerationSettings(concurrency=2, request_timeout_s=5)
+    client = make_client(server.base_url, "m", settings, None, None)
+    exited_at = time.monotonic() + 1.0
+
+    def server_exit():
+        return "the managed server exited with code -9" if time.monotonic() > exited_at else None
+
+    async def go():
+        try:
+            return await generate(prompts, client, settings, outputs(tmp_path), max_samples=None, token_budget=None,
+                                  dataset="d", server_exit=server_exit)
+        finally:
+            await client.aclose()
+
+    started = time.monotonic()
+    with pytest.raises(GenerationFailed, match="exited with code -9.*no output was written.*rerun resumes"):
+        asyncio.run(go())
+    assert time.monotonic() - started < 5
+    assert not (tmp_path / "out.jsonl").exists() and (tmp_path / "journal" / "j.jsonl").exists()
 
 
 DRIVER = """
@@ -194,7 +291,8 @@ def test_killed_run_resumes_with_every_id_exactly_once(server, tmp_path, sig):
 def test_requests_spread_over_several_endpoints(tmp_path):
     with FaultServer() as one, FaultServer() as two:
         settings = GenerationSettings(concurrency=4, request_timeout_s=5)
-        client = make_client([one.base_url, two.base_url], "m", settings, None, None)
+        client = make_client([one.base_url, two.base_url], "m", settings, None, None,
+                             health=HealthPolicy(cooldown_s=0.1))
 
         async def go():
             try:

@@ -1,0 +1,23 @@
+"""Content digests: what identifies a prompt, a token sequence or a settings slice, independent of
+where the project lives (no paths, no timestamps)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def json_digest(value: Any, length: int = 16) -> str:
+    """Digest of a JSON-serialisable value with sorted keys (the same settings always hash the same)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:length]
+
+
+def ids_digest(ids: list[int]) -> str:
+    """Digest of a token-id sequence, to compare what a server tokenized with what we tokenize."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def prompt_digest(turns: list[str], system: str | None) -> str:
+    """Digest of a prompt's content: a changed prompt gets a new answer even if its id stays."""
+    return json_digest([system, turns])
