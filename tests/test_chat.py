@@ -1,25 +1,46 @@
+import asyncio
+import copy
+import json
+
 import pytest
 
-from draftsmith.chat import TemplateError, prepare_messages, tokenize_conversation
+from draftsmith.chat import (Renderer, RoundTripError, TemplateError, TokenizeSettings, build_rows, choose_layout,
+                             prepare_messages, tokenize_file)
+from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
+from draftsmith.datasets import Prompt
+from tests.sim.reasoning_server import TEMPLATE, ReasoningSim, SimSettings
 
 
-def supervised_text(tokenizer, tok):
-    return tokenizer.decode([t for t, m in zip(tok.input_ids, tok.loss_mask, strict=True) if m])
+def supervised_text(tokenizer, row):
+    return tokenizer.decode([t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m])
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(tokenizer):
+    """The embedded model's tokenizer with a Qwen3-style template written for the tests."""
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = TEMPLATE
+    return tok
 
 
 def test_only_assistant_text_and_its_end_token_are_supervised(tokenizer):
     messages = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there!"},
                 {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hello again."}]
-    tok = tokenize_conversation(tokenizer, messages)
-    assert len(tok.input_ids) == len(tok.loss_mask)
-    assert supervised_text(tokenizer, tok) == "Hi there!<|im_end|>Hello again.<|im_end|>"
-    # The full sequence is exactly what the template produces (round trip).
+    renderer = Renderer(tokenizer)
+    assert choose_layout(renderer, "auto", "template") == "whole"
+    (row,) = build_rows(renderer, messages, [], "whole")
+    assert supervised_text(tokenizer, row) == "Hi there!<|im_end|>Hello again.<|im_end|>"
     expected = tokenizer.apply_chat_template(messages, tokenize=True)
     expected = expected["input_ids"] if hasattr(expected, "keys") else expected
-    assert tok.input_ids == list(expected)
-    # Boilerplate (system prompt the template injects, role headers, user turns) is not supervised.
-    unsupervised = tokenizer.decode([t for t, m in zip(tok.input_ids, tok.loss_mask, strict=True) if not m])
+    assert row.input_ids == list(expected)
+    unsupervised = tokenizer.decode([t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if not m])
     assert "Say hi." in unsupervised and "<|im_start|>assistant" in unsupervised
+
+
+def test_a_turn_cut_by_max_tokens_does_not_supervise_an_end_token_never_generated(tokenizer):
+    messages = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "one two thr"}]
+    (row,) = build_rows(Renderer(tokenizer), messages, [{"finish_reason": "length"}], "whole")
+    assert supervised_text(tokenizer, row) == "one two thr"
 
 
 def test_reasoning_modes():
@@ -29,13 +50,91 @@ def test_reasoning_modes():
     assert prepare_messages(messages, "drop")[1] == {"role": "assistant", "content": "a"}
 
 
-def test_template_that_is_not_prefix_stable_is_refused(tokenizer):
-    # A template that renders the last assistant turn differently from earlier ones.
-    class Odd:
-        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, **kw):
-            body = "".join(f"[{m['role']}]{m['content']}" for m in messages)
-            return body + ("[assistant]" if add_generation_prompt else "[end]")
+CONVERSATION = [{"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "4", "reasoning": "Two plus two."},
+                {"role": "user", "content": "And 3+3?"},
+                {"role": "assistant", "content": "6", "reasoning": "Three plus three."}]
 
+
+def test_templates_that_strip_earlier_reasoning_get_one_row_per_turn(qwen3_tokenizer):
+    renderer = Renderer(qwen3_tokenizer)
+    messages = prepare_messages(CONVERSATION, "template")
     with pytest.raises(TemplateError, match="not prefix-stable"):
-        tokenize_conversation(Odd(), [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                      {"role": "user", "content": "c"}])
+        build_rows(renderer, messages, [], "whole")
+    assert choose_layout(renderer, "auto", "template") == "per_turn"
+    first, second = build_rows(renderer, messages, [], "per_turn")
+    assert supervised_text(qwen3_tokenizer, first) == "<think>\nTwo plus two.\n</think>\n\n4<|im_end|>"
+    assert supervised_text(qwen3_tokenizer, second) == "<think>\nThree plus three.\n</think>\n\n6<|im_end|>"
+    # The second row's history is what the model saw at inference: the first turn without its reasoning.
+    history = qwen3_tokenizer.decode(second.input_ids)
+    assert "Two plus two" not in history and "<|im_start|>assistant\n4<|im_end|>" in history
+
+
+def generate_with(sim_settings, tmp_path, items, **gen):
+    settings = GenerationSettings(max_tokens=gen.pop("max_tokens", 256), concurrency=4, request_timeout_s=30,
+                                  return_token_ids=True, **gen)
+    out = Outputs(tmp_path / "r.jsonl", tmp_path / "s.json", tmp_path / "e.jsonl", tmp_path / "j.jsonl")
+    with ReasoningSim(sim_settings) as sim:
+        client = make_client(sim.base_url, "sim", settings, None, None)
+
+        async def main():
+            try:
+                await generate(items, client, settings, out, max_samples=None, token_budget=None, dataset="d")
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+    return out.responses
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(qwen3_tokenizer, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen3-style")
+    qwen3_tokenizer.save_pretrained(folder)
+    return folder
+
+
+PROMPTS = [Prompt(f"p{i}", [f"Question {i}?", f"Follow-up {i}?"]) for i in range(12)]
+
+
+def tokenize(responses, qwen3_dir, tmp_path, **kw):
+    return tokenize_file(responses, str(qwen3_dir), tmp_path / "t.parquet", tmp_path / "rej.jsonl", "d",
+                         TokenizeSettings(**kw))
+
+
+def test_round_trip_against_what_the_server_counted_and_produced(qwen3_tokenizer, qwen3_dir, tmp_path):
+    sim = SimSettings(tokenizer=qwen3_tokenizer, reasoning_log_mean=3.0, content_log_mean=3.0)
+    responses = generate_with(sim, tmp_path, PROMPTS)
+    stats = tokenize(responses, qwen3_dir, tmp_path)
+    assert stats["layout"] == "per_turn" and stats["rows"] == 24 and stats["rejected"] == 0
+    trip = stats["round_trip"]
+    assert trip["prompt_checked"] == 24 and trip["answer_checked"] == 24
+    assert trip["prompt_mismatched"] == 0 and trip["answer_mismatched"] == 0, trip["examples"]
+
+
+def test_a_server_that_renders_prompts_differently_fails_tokenization(qwen3_tokenizer, qwen3_dir, tmp_path):
+    sim = SimSettings(tokenizer=qwen3_tokenizer, template_mismatch=True, reasoning_log_mean=3.0,
+                      content_log_mean=3.0)
+    responses = generate_with(sim, tmp_path, PROMPTS)
+    with pytest.raises(RoundTripError, match="24 of 24 turns fail the prompt round trip"):
+        tokenize(responses, qwen3_dir, tmp_path)
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_answers_that_do_not_re_tokenize_to_the_models_tokens_are_counted(qwen3_tokenizer, qwen3_dir, tmp_path):
+    sim = SimSettings(tokenizer=qwen3_tokenizer, think_format="compact", reasoning_log_mean=3.0,
+                      content_log_mean=3.0)
+    responses = generate_with(sim, tmp_path, PROMPTS)
+    with pytest.raises(RoundTripError, match="answer round trip"):
+        tokenize(responses, qwen3_dir, tmp_path)
+    stats = tokenize(responses, qwen3_dir, tmp_path, max_answer_mismatch_fraction=1.0)
+    assert stats["round_trip"]["answer_mismatched"] == 24
+
+
+def test_cut_reasoning_round_trips_too(qwen3_tokenizer, qwen3_dir, tmp_path):
+    sim = SimSettings(tokenizer=qwen3_tokenizer, reasoning_log_mean=5.0, log_sigma=0.1)
+    responses = generate_with(sim, tmp_path, PROMPTS[:4], max_tokens=32)
+    records = [json.loads(line) for line in responses.read_text().splitlines()]
+    assert all(r["finish_reasons"] == ["length"] and r["messages"][-1]["content"] == "" for r in records)
+    stats = tokenize(responses, qwen3_dir, tmp_path)
+    assert stats["rows"] == 4 and stats["round_trip"]["answer_mismatched"] == 0, stats["round_trip"]
