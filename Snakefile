@@ -1,24 +1,22 @@
-# draftsmith: prompts -> regenerated answers -> tokens -> hidden states -> EAGLE-3 drafter -> benchmark.
+# draftsmith: prompts -> regenerated answers -> tokens -> hidden states -> EAGLE-3 drafter -> evaluation report.
 # Heavy libraries (torch, transformers, vllm) are imported only inside jobs, never here.
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
-
-
 include: "rules/common.smk"
 include: "rules/model.smk"
+include: "rules/prompts.smk"
 include: "rules/generate.smk"
 include: "rules/tokenize.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
-include: "rules/benchmark.smk"
+include: "rules/evaluate.smk"
 
 
 rule all:
     default_target: True
     input:
         "results/drafter/final.safetensors",
-        "results/benchmark/report.md",
+        "results/report/report.md",

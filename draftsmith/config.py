@@ -1,19 +1,61 @@
-"""Validate a workflow config against ``schema.yaml`` and fill in its defaults, before any job runs."""
+"""The workflow configuration: layered loading, validation against ``schema.yaml`` with defaults,
+and the split between what a setting computes and how a job runs.
+
+Layers: the embedded default (``config/config.yaml``), then each ``--configfile`` in order, then
+``--config key=value`` overrides. A user's ``datasets`` and ``evaluation.prompt_sets`` *replace*
+the ones below them (a user who brings one dataset gets one dataset); every other section merges
+key by key, so a user file states only what it changes.
+"""
 
 from __future__ import annotations
 
 import copy
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
 SCHEMA = yaml.safe_load(files("draftsmith").joinpath("schema.yaml").read_text())
+REPLACED = (("datasets",), ("evaluation", "prompt_sets"))
 
 
 class ConfigError(ValueError):
     pass
+
+
+def load_layers(default: Path, user_files: list[Path], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The merged, unvalidated config (see the module docstring for the rules)."""
+    config = _read(default)
+    for path in user_files:
+        config = merge(config, _read(path))
+    return merge(config, overrides)
+
+
+def merge(base: dict[str, Any], upper: dict[str, Any], where: tuple[str, ...] = ()) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in upper.items():
+        path = (*where, key)
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and path not in REPLACED:
+            out[key] = merge(out[key], value, path)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8-sig"))
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must hold a mapping of sections, got {type(data).__name__}")
+    return data
 
 
 def _with_defaults(validator_class):
@@ -44,6 +86,43 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise ConfigError("invalid config:\n" + "\n".join(f"  - {_where(e)}: {_message(e)}" for e in errors))
     return _sorted(config)
+
+
+def result_view(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without its operational keys (``x-operational`` in the schema): what rule
+    params, run keys and journal names are made of."""
+    return _strip(config, SCHEMA)
+
+
+def _strip(value: Any, schema: dict) -> Any:
+    schema = _resolve(schema)
+    if not isinstance(value, dict):
+        return value
+    properties = schema.get("properties", {})
+    extra = schema.get("additionalProperties")
+    out = {}
+    for key, item in value.items():
+        sub = properties.get(key, extra if isinstance(extra, dict) else {})
+        sub = _resolve(sub) if isinstance(sub, dict) else {}
+        if not sub.get("x-operational"):
+            out[key] = _strip(item, sub)
+    return out
+
+
+def _resolve(schema: dict) -> dict:
+    """Flatten ``$ref`` and ``allOf`` into one schema with the union of their properties."""
+    if "$ref" in schema:
+        schema = {**SCHEMA["$defs"][schema["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in schema.items()
+                                                                           if k != "$ref"}}
+    if "allOf" in schema:
+        merged: dict = {"properties": {}}
+        for part in schema["allOf"]:
+            part = _resolve(part)
+            for name, sub in part.get("properties", {}).items():
+                if sub is not True or name not in merged["properties"]:
+                    merged["properties"][name] = sub if isinstance(sub, dict) else {}
+        return merged
+    return schema
 
 
 def _sorted(value: Any) -> Any:

@@ -11,13 +11,27 @@ import os
 import sys
 from collections.abc import Callable
 
+from pathlib import Path
+
 from draftsmith.client import RequestFailed
 from draftsmith.config import ConfigError
-from draftsmith.generate import GenerationInterrupted
+from draftsmith.generate import GenerationFailed, GenerationInterrupted
 from draftsmith.server import ServerError
+from draftsmith.target import Target, resolve
+from draftsmith.train import TrainingInterrupted
 
 USER_ERRORS = (ValueError, FileNotFoundError, OSError, ServerError, RequestFailed, ConfigError,
-               GenerationInterrupted, KeyboardInterrupt)
+               GenerationInterrupted, GenerationFailed, TrainingInterrupted, KeyboardInterrupt)
+
+
+def base_dir(sm) -> Path:
+    """The workflow folder (relative prompt paths start there), found from the script's own place so
+    that no absolute path has to travel in rule params."""
+    return Path(sm.scriptdir).parent
+
+
+def target_of(sm) -> Target:
+    return resolve(sm.config["target"], base_dir(sm))
 
 
 def run(main: Callable[[], None], log_path: str, threads: int | None = None) -> None:

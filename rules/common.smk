@@ -1,53 +1,126 @@
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the draftsmith package, when not pip-installed
 
-from draftsmith.config import ConfigError, validate_config
+from draftsmith import preflight, target as targets
+from draftsmith.config import ConfigError, load_layers, result_view, validate_config
 
+
+# The config is layered here rather than with `configfile:`: a user's datasets and evaluation
+# prompt sets replace the embedded ones instead of being added to them (see draftsmith/config.py).
+CONFIG_FILES = [Path(workflow.basedir) / "config" / "config.yaml", *map(Path, workflow.overwrite_configfiles)]
 try:
-    _validated = validate_config(config)
+    _validated = validate_config(
+        load_layers(CONFIG_FILES[0], CONFIG_FILES[1:], dict(workflow.config_settings.config))
+    )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()
 config.update(_validated)
+print("draftsmith: config read from " + ", ".join(map(str, CONFIG_FILES)), file=sys.stderr)
 
+BASE_DIR = Path(workflow.basedir)
+TARGET = targets.resolve(config["target"], BASE_DIR)
+RESULT = result_view(config)  # what rule params are made of: no operational setting reruns a job
 DATASETS = sorted(config["datasets"])
-BASE_DIR = workflow.basedir
+GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
+PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
+
+_problems = preflight.problems(config, TARGET, BASE_DIR, targets.cheap_facts(TARGET))
+if _problems:
+    raise WorkflowError(str(preflight.PreflightError(_problems)))
 
 
 wildcard_constraints:
     dataset="|".join(DATASETS),
-
-
-def target_model():
-    """Where the target's HF folder is: converted under results/ for GGUF, else the source itself."""
-    source = config["target"]["source"]
-    if source.startswith("package:") or source.endswith(".gguf"):
-        return f"results/models/{config['target']['name']}"
-    return source
+    generated="|".join(GENERATED) or "^$",
+    pretokenized="|".join(PRETOKENIZED) or "^$",
 
 
 def target_input(wildcards=None):
-    model = target_model()
-    return [model] if model.startswith("results/") or os.path.exists(model) else []
+    """The target as a job input: the prepared folder (GGUF) or the local folder; nothing for hub ids."""
+    return [TARGET.model] if TARGET.kind != "hub" else []
 
 
-def dataset_cfg(wildcards):
-    return config["datasets"][wildcards.dataset]
-
-
-def local_source(entry):
-    """The prompt file as a job input when it is a plain local path (so edits rerun the dataset)."""
-    source = entry["source"]
-    if source.startswith(("package:", "hf:")):
-        return []
-    return [source if os.path.isabs(source) else os.path.join(BASE_DIR, source)]
+def local_file(source):
+    """A prompt source as a job input when it is a local path (so edits rerun what reads it)."""
+    path = preflight.local_source(source, BASE_DIR)
+    return [str(path)] if path is not None else []
 
 
 def dataset_source(wildcards):
-    return local_source(dataset_cfg(wildcards))
+    name = getattr(wildcards, "generated", None) or wildcards.pretokenized
+    return local_file(config["datasets"][name]["source"])
+
+
+def evaluation_sources(wildcards=None):
+    return [f for entry in config["evaluation"]["prompt_sets"].values() for f in local_file(entry["source"])]
+
+
+def earlier_sources(wildcards):
+    """Sources of the datasets before this one: a prompt they hold is dropped from this one."""
+    if not config["decontamination"]["dedupe_across_datasets"]:
+        return []
+    return [f for d in GENERATED if d < wildcards.generated for f in local_file(config["datasets"][d]["source"])]
+
+
+SOURCE_KEYS = ("source", "format", "prompt_field", "id_field", "skip", "max_samples", "max_prompt_chars")
+
+
+def source_slice(entry):
+    return {k: entry[k] for k in SOURCE_KEYS}
+
+
+def prompts_params(wildcards):
+    earlier = [d for d in GENERATED if d < wildcards.generated]
+    return {
+        "dataset": source_slice(config["datasets"][wildcards.generated]),
+        "earlier": {d: source_slice(config["datasets"][d]) for d in earlier}
+        if config["decontamination"]["dedupe_across_datasets"]
+        else {},
+        "evaluation": {n: source_slice(e) for n, e in config["evaluation"]["prompt_sets"].items()},
+        "decontamination": RESULT["decontamination"],
+    }
+
+
+def generation_params(wildcards):
+    entry = RESULT["datasets"][wildcards.generated]
+    return {k: v for k, v in entry.items() if k not in SOURCE_KEYS}
+
+
+def pretokenized_params(wildcards):
+    return RESULT["datasets"][wildcards.pretokenized]
+
+
+def generation_model_name():
+    """Which model answers: names the generation journal (never a path)."""
+    gen = config["generation_server"]
+    if gen["mode"] == "external" and gen["served_model"]:
+        return gen["served_model"]
+    return config["target"]["name"]
 
 
 def generation_gpus():
     return config["server"]["gpus"] if config["generation_server"]["mode"] == "managed" else 0
+
+
+PREFLIGHT = "results/checks/preflight.json"
+WARM_START = config["train"]["from_pretrained"] is not None
+ONLINE = config["hidden_states"]["mode"] == "online"
+PRETRAINED = "results/pretrained"
+
+
+def pretrained_input(wildcards=None):
+    """The checked warm-start drafter, when there is one (it decides layers and vocabulary)."""
+    return [f"{PRETRAINED}/check.json"] if WARM_START else []
+
+
+def manifests(wildcards=None):
+    return [] if ONLINE else expand("results/hidden_states/{dataset}/manifest.json", dataset=DATASETS)
+
+
+def train_gpus():
+    """Online mode serves the target beside the trainer."""
+    return config["train"]["gpus"] + (config["server"]["gpus"] if ONLINE else 0)

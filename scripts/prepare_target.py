@@ -1,9 +1,8 @@
 from pathlib import Path
 
-from draftsmith.model_prep import prepare_target
-from draftsmith.runner import run
+from draftsmith.model_prep import prepare_gguf
+from draftsmith.runner import run, target_of
 
-
-if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
+if __name__ == "__main__":
     sm = snakemake  # noqa: F821 - injected by Snakemake
-    run(lambda: prepare_target(sm.params.target["source"], Path(sm.output[0])), sm.log[0], sm.threads)
+    run(lambda: prepare_gguf(target_of(sm).gguf_file(), Path(sm.output[0])), sm.log[0], sm.threads)

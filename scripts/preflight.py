@@ -1,0 +1,15 @@
+from draftsmith import preflight, target
+from draftsmith.atomic import write_json
+from draftsmith.runner import base_dir, run, target_of
+
+
+def main() -> None:
+    tgt = target_of(sm)
+    facts = target.facts(tgt)
+    preflight.check(sm.config, tgt, base_dir(sm), facts)
+    write_json(sm.output[0], {"target": tgt.name, "facts": facts.__dict__, "problems": []})
+
+
+if __name__ == "__main__":
+    sm = snakemake  # noqa: F821 - injected by Snakemake
+    run(main, sm.log[0])
