@@ -12,14 +12,14 @@ file, row number and field, never a silent drop.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftsmith.model_prep import resolve_package_file
+from draftsmith.digest import prompt_digest
+from draftsmith.target import resolve_package_file
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "system": "system"}
@@ -71,13 +71,13 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
 
         yield from enumerate(pq.read_table(path).to_pylist(), start=1)
     elif name.endswith(".json"):
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        rows = json.loads(path.read_text(encoding="utf-8-sig"))
         if not isinstance(rows, list):
             raise ValueError(f"{path}: a .json prompt file must hold a list of rows")
         yield from enumerate(rows, start=1)
     elif name.endswith((".jsonl", ".jsonl.gz")):
         opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as fh:
+        with opener(path, "rt", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of row 1
             for number, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
@@ -90,19 +90,40 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _load_hf(spec: str):
-    from datasets import load_dataset
+    """A ``datasets.save_to_disk`` folder, a folder of data files, or a hub id: from the local
+    Hugging Face cache when it holds a snapshot (what ``hf download --repo-type dataset`` or an
+    earlier online run left there), else downloaded (online machines only)."""
+    from datasets import load_dataset, load_from_disk
 
     dataset_id, _, split = spec.partition("@")
+    split = split or "train"
     try:
-        return load_dataset(dataset_id, split=split or "train")
+        folder = Path(dataset_id)
+        if (folder / "dataset_info.json").is_file() or (folder / "dataset_dict.json").is_file():
+            loaded = load_from_disk(dataset_id)
+            return loaded[split] if hasattr(loaded, "keys") else loaded
+        if not folder.exists():
+            cached = _hub_snapshot(dataset_id)
+            if cached is not None:
+                return load_dataset(cached, split=split)
+        return load_dataset(dataset_id, split=split)
     except Exception as err:  # offline, unknown id, missing split: say which source failed
         raise ValueError(f"hf:{spec}: cannot load with datasets.load_dataset ({type(err).__name__}: {err})") from None
 
 
+def _hub_snapshot(dataset_id: str) -> str | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(dataset_id, repo_type="dataset", local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError):
+        return None
+
+
 def content_id(turns: list[str], system: str | None) -> str:
     """A stable id for rows that carry none: the same prompt always gets the same id."""
-    digest = hashlib.sha256(json.dumps([system, turns], ensure_ascii=False).encode()).hexdigest()
-    return digest[:16]
+    return prompt_digest(turns, system)
 
 
 def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int) -> tuple[list[str], str | None]:
@@ -204,8 +225,24 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
     return result
 
 
-def load_configured(cfg: dict, base_dir: Path) -> PromptSet:
-    """Load a prompt source described by a validated config entry (dataset or benchmark set)."""
+def load_configured(cfg: dict, base_dir: Path, apply_max_samples: bool = True) -> PromptSet:
+    """Load a prompt source described by a validated config entry (dataset or evaluation set).
+
+    A training dataset is read whole (``apply_max_samples=False``): generation stops at
+    ``max_samples`` kept answers, so a dropped or failed prompt is replaced by the next one.
+    """
     return load_prompts(resolve_source(cfg["source"], base_dir), fmt=cfg["format"], prompt_field=cfg["prompt_field"],
-                        id_field=cfg["id_field"], max_samples=cfg["max_samples"],
+                        id_field=cfg["id_field"], max_samples=cfg["max_samples"] if apply_max_samples else None,
                         max_prompt_chars=cfg["max_prompt_chars"], skip=cfg["skip"])
+
+
+def write_prompts(prompts: list[Prompt], dest: Path) -> None:
+    """The normalised prompt file the generate rule reads."""
+    from draftsmith.atomic import write_jsonl
+
+    write_jsonl(dest, ({"id": p.id, "turns": p.turns, **({"system": p.system} if p.system else {})} for p in prompts))
+
+
+def read_prompts(path: Path) -> list[Prompt]:
+    with path.open(encoding="utf-8") as fh:
+        return [Prompt(row["id"], row["turns"], row.get("system")) for row in map(json.loads, fh)]

@@ -1,17 +1,17 @@
 rule tokenize:
-    """Chat template + assistant-only loss mask for one dataset."""
+    """Chat template + assistant-only loss mask for one generated dataset, checked against the server."""
     input:
         model=target_input,
-        responses="results/responses/{dataset}.jsonl",
+        responses="results/responses/{generated}.jsonl",
     output:
-        table="results/tokenized/{dataset}.parquet",
-        rejects="results/tokenized/{dataset}.rejects.jsonl",
-        stats="results/tokenized/{dataset}.stats.json",
+        table="results/tokenized/{generated}.parquet",
+        rejects="results/tokenized/{generated}.rejects.jsonl",
+        stats="results/tokenized/{generated}.stats.json",
     params:
-        tokenize=config["tokenize"],
-        model=target_model(),
+        tokenize=RESULT["tokenize"],
+        chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
     log:
-        "logs/tokenize/{dataset}.log",
+        "logs/tokenize/{generated}.log",
     threads: 1
     resources:
         mem_mb=4000,
@@ -20,16 +20,39 @@ rule tokenize:
         "../scripts/tokenize.py"
 
 
+rule import_tokenized:
+    """A dataset that is already tokenized (input_ids + loss_mask), validated against the target."""
+    input:
+        model=target_input,
+        source=dataset_source,
+        preflight=ancient(PREFLIGHT),
+    output:
+        table="results/tokenized/{pretokenized}.parquet",
+        rejects="results/tokenized/{pretokenized}.rejects.jsonl",
+        stats="results/tokenized/{pretokenized}.stats.json",
+    params:
+        dataset=pretokenized_params,
+        max_length=RESULT["tokenize"]["max_length"],
+    log:
+        "logs/tokenize/{pretokenized}.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    script:
+        "../scripts/import_tokenized.py"
+
+
 rule merge:
-    """All datasets in one seeded shuffle; the last validation_fraction of rows validates."""
+    """All datasets in one seeded shuffle, weighted; the split by prompt is made here, once."""
     input:
         tables=expand("results/tokenized/{dataset}.parquet", dataset=DATASETS),
     output:
         table="results/merged/train.parquet",
         stats="results/merged/stats.json",
     params:
-        merge=config["merge"],
-        datasets=DATASETS,
+        merge=RESULT["merge"],
+        weights={d: RESULT["datasets"][d]["weight"] for d in DATASETS},
     log:
         "logs/merge.log",
     threads: 1
@@ -38,26 +61,3 @@ rule merge:
         runtime=60,
     script:
         "../scripts/merge.py"
-
-
-rule vocab:
-    """Draft vocabulary (d2t/t2d) from supervised-token frequencies of the training split."""
-    input:
-        model=target_input,
-        table="results/merged/train.parquet",
-    output:
-        d2t="results/vocab/d2t.npy",
-        t2d="results/vocab/t2d.npy",
-        stats="results/vocab/stats.json",
-    params:
-        vocab=config["vocab"],
-        validation_fraction=config["merge"]["validation_fraction"],
-        model=target_model(),
-    log:
-        "logs/vocab.log",
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=60,
-    script:
-        "../scripts/vocab.py"

@@ -6,10 +6,12 @@ from draftsmith.runner import run
 
 
 def main() -> None:
-    tables = dict(zip(sm.params.datasets, map(Path, sm.input.tables), strict=True))
-    write_json(sm.output.stats, merge(tables, Path(sm.output.table), sm.params.merge["seed"]))
+    tables = {Path(p).name.removesuffix(".parquet"): Path(p) for p in sm.input.tables}
+    cfg = sm.params.merge
+    write_json(sm.output.stats, merge(tables, Path(sm.output.table), cfg["seed"], cfg["validation_fraction"],
+                                      sm.params.weights))
 
 
-if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
+if __name__ == "__main__":
     sm = snakemake  # noqa: F821 - injected by Snakemake
     run(main, sm.log[0])

@@ -94,3 +94,28 @@ def test_hf_sources_go_through_load_dataset(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="hf:someone/not-here@test: cannot load"):
         load_prompts(resolve_source("hf:someone/not-here@test", tmp_path))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes("\ufeff".encode() + b'{"id": "a", "prompt": "first"}\n{"id": "b", "prompt": "second"}\n')
+    result = load_prompts(path)
+    assert [p.id for p in result.prompts] == ["a", "b"] and not result.rejects
+
+
+def test_hf_sources_offline_from_a_saved_folder_and_from_the_hub_cache(tmp_path, monkeypatch):
+    from datasets import Dataset
+
+    Dataset.from_dict({"id": ["s1"], "prompt": ["saved"]}).save_to_disk(str(tmp_path / "saved"))
+    assert [p.turns for p in load_prompts(resolve_source(f"hf:{tmp_path / 'saved'}", tmp_path)).prompts] == [["saved"]]
+    # A hub-style id whose snapshot is in the local Hugging Face cache loads with the machine offline.
+    hub = tmp_path / "hf-home" / "hub" / "datasets--someone--prompts"
+    (hub / "snapshots" / "abc123").mkdir(parents=True)
+    (hub / "refs").mkdir()
+    (hub / "refs" / "main").write_text("abc123")
+    write_jsonl(hub / "snapshots" / "abc123" / "train.jsonl", [{"id": "h1", "prompt": "from the cache"}])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    got = load_prompts(resolve_source("hf:someone/prompts@train", tmp_path)).prompts
+    assert [(p.id, p.turns) for p in got] == [("h1", ["from the cache"])]
