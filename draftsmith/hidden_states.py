@@ -1,31 +1,31 @@
-"""Extract the target's hidden states for every tokenized row, in the layout speculators reads.
+"""Extract the target's hidden states for every tokenized row into a :mod:`draftsmith.hs_store`.
 
-One file per row, ``hs_<row>.safetensors`` with ``hidden_states`` bf16 ``[seq, 4, H]`` (three
-auxiliary layers, then the last decoder layer's output before the final norm) and ``token_ids``
-int64 ``[seq]``. Two backends write the same thing:
+Per row: ``hidden_states`` bf16 ``[seq, 4, H]`` (three auxiliary layers, then the last decoder
+layer's output before the final norm) and ``token_ids`` int64 ``[seq]``. Two backends produce it:
 
 - ``vllm``: a managed vLLM server with ``extract_hidden_states`` and our CPU-capable connector,
   driven by speculators' own client (what users run on GPUs);
 - ``transformers``: a plain forward pass with hooks (no server; handy for small targets).
 
-Resume: a row whose file exists, opens, and holds the row's exact token ids is kept; anything
-else is (re)extracted. Files are written under a temporary name and renamed. Before any work
-the disk need is estimated and compared with free space.
+Resume: a row already stored with the same token ids *and* the same fingerprint (target, layers,
+backend, dtype) is kept; anything else is (re)extracted, and files of another fingerprint are
+deleted first. Before any work the disk need is estimated and compared with free space.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from safetensors import safe_open
 from tqdm import tqdm
 
 from draftsmith.atomic import write_json
+from draftsmith.hs_store import HiddenStateStore, Writer
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +37,13 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def hs_path(folder: Path, row: int) -> Path:
-    return folder / f"hs_{row}.safetensors"
-
-
-def is_done(path: Path, input_ids: list[int]) -> bool:
-    try:
-        with safe_open(path, framework="pt") as fh:
-            return fh.get_tensor("token_ids").tolist() == list(input_ids)
-    except Exception:  # missing, truncated or foreign file: extract again
-        return False
+def choose_aux_layers(configured: list[int] | None, num_layers: int, pretrained_check: Path | None) -> list[int]:
+    """The one place the layers are decided: configured, else the warm-start drafter's, else EAGLE-3's."""
+    if configured:
+        return list(configured)
+    if pretrained_check is not None:
+        return list(json.loads(pretrained_check.read_text())["aux_layers"])
+    return default_aux_layers(num_layers)
 
 
 def estimate_bytes(total_tokens: int, num_slots: int, hidden_size: int) -> int:
@@ -62,32 +59,26 @@ def check_disk(folder: Path, need: int) -> None:
                       f"at {folder}; free space or point results/ at a larger disk")
 
 
-def rows_to_extract(table_path: Path, folder: Path) -> tuple[list[tuple[int, list[int]]], int]:
-    """Rows still missing a valid file, and the number of all rows."""
-    ids = pq.read_table(table_path, columns=["input_ids"]).column("input_ids").to_pylist()
-    todo = [(row, tokens) for row, tokens in enumerate(ids) if not is_done(hs_path(folder, row), tokens)]
-    return todo, len(ids)
+def read_rows(table_path: Path) -> list[list[int]]:
+    return pq.read_table(table_path, columns=["input_ids"]).column("input_ids").to_pylist()
 
 
-def write_manifest(folder: Path, out: Path, backend: str, aux_layers: list[int], num_layers: int,
-                   hidden_size: int, table_path: Path) -> dict:
-    ids = pq.read_table(table_path, columns=["input_ids"]).column("input_ids").to_pylist()
-    missing = [row for row, tokens in enumerate(ids) if not is_done(hs_path(folder, row), tokens)]
+def write_manifest(store: HiddenStateStore, rows: list[list[int]], out: Path, **facts) -> dict:
+    """The manifest of a complete store; refuses one with rows missing."""
+    missing = sorted(set(range(len(rows))) - store.done(rows))
     if missing:
-        raise RuntimeError(f"{folder}: {len(missing)} rows have no valid hidden states (first: {missing[:5]})")
-    manifest = {"backend": backend, "aux_layers": aux_layers, "final_layer": num_layers, "hidden_size": hidden_size,
-                "rows": len(ids), "tokens": sum(map(len, ids)),
-                "bytes": sum(hs_path(folder, r).stat().st_size for r in range(len(ids)))}
+        raise RuntimeError(f"{store.folder}: {len(missing)} rows have no valid hidden states (first: {missing[:5]})")
+    manifest = {**facts, "fingerprint": store.fingerprint, "rows": len(rows), "tokens": sum(map(len, rows)),
+                **store.describe()}
     write_json(out, manifest)
     return manifest
 
 
 # --- transformers backend -------------------------------------------------------------------
 
-def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], folder: Path,
+def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writer: Writer,
                          aux_layers: list[int], threads: int) -> None:
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
@@ -104,17 +95,9 @@ def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], fold
                 ids = torch.tensor([tokens])
                 out = model.model(input_ids=ids, output_hidden_states=True)
                 slots = [out.hidden_states[k][0] for k in aux_layers] + [captured["last"][0]]
-                tensors = {"hidden_states": torch.stack(slots, dim=1).to(torch.bfloat16).contiguous(),
-                           "token_ids": ids[0].to(torch.int64)}
-                _save_atomic(save_file, tensors, hs_path(folder, row))
+                writer.write(row, torch.stack(slots, dim=1).to(torch.bfloat16), ids[0])
     finally:
         hook.remove()
-
-
-def _save_atomic(save_file, tensors, dest: Path) -> None:
-    tmp = dest.with_suffix(".partial")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, dest)
 
 
 # --- vLLM backend ---------------------------------------------------------------------------
@@ -131,7 +114,7 @@ def vllm_server_configs(aux_layers: list[int], num_layers: int, staging: Path) -
     }
 
 
-async def extract_vllm(base_url: str, todo: list[tuple[int, list[int]]], folder: Path, concurrency: int,
+async def extract_vllm(base_url: str, todo: list[tuple[int, list[int]]], writer: Writer, concurrency: int,
                        request_timeout_s: float, max_retries: int) -> None:
     import openai
     from safetensors.torch import load_file
@@ -141,6 +124,7 @@ async def extract_vllm(base_url: str, todo: list[tuple[int, list[int]]], folder:
     client = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
     model = (await client.models.list()).data[0].id
     slots = asyncio.Semaphore(concurrency)
+    writing = asyncio.Lock()  # a shard writer is not thread-safe
     bar = tqdm(total=len(todo), desc="hidden states", mininterval=2.0)
 
     async def one(row: int, tokens: list[int]) -> None:
@@ -149,8 +133,11 @@ async def extract_vllm(base_url: str, todo: list[tuple[int, list[int]]], folder:
                                                          timeout=request_timeout_s, max_retries=max_retries)
         if Path(path + ".lock").exists():
             await wait_for_lock_async(path + ".lock")
-        check_hidden_states(await asyncio.to_thread(load_file, path), tokens)
-        os.replace(path, hs_path(folder, row))
+        states = await asyncio.to_thread(load_file, path)
+        check_hidden_states(states, tokens)
+        async with writing:
+            await asyncio.to_thread(writer.write, row, states["hidden_states"], states["token_ids"])
+        os.unlink(path)
         bar.update(1)
 
     try:

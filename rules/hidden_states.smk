@@ -1,19 +1,21 @@
 rule hidden_states:
-    """Target hidden states for one dataset's rows (files beside the manifest survive reruns)."""
+    """Offline mode: target hidden states for one dataset's rows, in a fingerprinted store that
+    survives reruns (only missing or stale rows are extracted)."""
     input:
         model=target_input,
         table="results/tokenized/{dataset}.parquet",
+        pretrained=pretrained_input,
+        preflight=ancient(PREFLIGHT),
     output:
         manifest="results/hidden_states/{dataset}/manifest.json",
     params:
-        hidden_states=config["hidden_states"],
-        server=config["server"],
-        model=target_model(),
+        hidden_states=RESULT["hidden_states"],
+        server=RESULT["server"],
     log:
         main="logs/hidden_states/{dataset}.log",
         server="logs/hidden_states/{dataset}.server.log",
     benchmark:
-        "results/benchmarks/hidden_states/{dataset}.tsv"
+        "results/timings/hidden_states/{dataset}.tsv"
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],

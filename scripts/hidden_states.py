@@ -1,40 +1,51 @@
 import asyncio
-import json
 import logging
 import shutil
 from pathlib import Path
 
-
 from draftsmith import hidden_states as hs
-from draftsmith.runner import run
+from draftsmith import target
+from draftsmith.hs_store import fingerprint, open_store
+from draftsmith.runner import run, target_of
 from draftsmith.server import managed_server, spec_from_config
 
 log = logging.getLogger("draftsmith.hidden_states")
 
 
 def main() -> None:
-    cfg, model = sm.params.hidden_states, sm.params.model
+    cfg, ops = sm.params.hidden_states, sm.config["hidden_states"]
+    tgt = target_of(sm)
+    facts = target.facts(tgt)
     folder = Path(sm.output.manifest).parent
-    target = json.loads((Path(model) / "config.json").read_text())
-    num_layers, hidden = target["num_hidden_layers"], target["hidden_size"]
-    aux = cfg["aux_layers"] or hs.default_aux_layers(num_layers)
-    todo, total = hs.rows_to_extract(Path(sm.input.table), folder)
-    log.info("%d of %d rows need hidden states (layers %s + final %d)", len(todo), total, aux, num_layers)
-    hs.check_disk(folder, hs.estimate_bytes(sum(len(t) for _, t in todo), len(aux) + 1, hidden))
+    aux = hs.choose_aux_layers(cfg["aux_layers"], facts.num_layers,
+                               Path(sm.input.pretrained[0]) if sm.input.pretrained else None)
+    store = open_store(folder, fingerprint(target.fingerprint(tgt), aux, facts.num_layers, cfg["backend"]),
+                       cfg["layout"], cfg["shard_mb"])
+    freed = store.purge_stale()
+    if freed:
+        log.info("deleted %.1f MiB of hidden states made with other settings", freed / 2**20)
+    rows = hs.read_rows(Path(sm.input.table))
+    done = store.done(rows)
+    todo = [(i, ids) for i, ids in enumerate(rows) if i not in done]
+    log.info("%d of %d rows need hidden states (layers %s + final %d, %s layout)", len(todo), len(rows), aux,
+             facts.num_layers, store.layout)
+    hs.check_disk(folder, hs.estimate_bytes(sum(len(t) for _, t in todo), len(aux) + 1, facts.hidden_size))
     if todo and cfg["backend"] == "transformers":
-        hs.extract_transformers(model, todo, folder, aux, sm.threads)
+        with store.writer() as writer:
+            hs.extract_transformers(tgt.model, todo, writer, aux, sm.threads)
     elif todo:
         staging = folder / ".staging"
         shutil.rmtree(staging, ignore_errors=True)  # files a killed run staged but never validated
-        spec = spec_from_config(model, sm.params.server, **hs.vllm_server_configs(aux, num_layers, staging))
-        with managed_server(spec, Path(sm.log.server)) as base_url:
-            asyncio.run(hs.extract_vllm(base_url, todo, folder, cfg["concurrency"], cfg["request_timeout_s"],
-                                        cfg["max_retries"]))
-    manifest = hs.write_manifest(folder, Path(sm.output.manifest), cfg["backend"], aux, num_layers, hidden,
-                                 Path(sm.input.table))
-    log.info("%s", manifest)
+        spec = spec_from_config(tgt.model, sm.config["server"],
+                                **hs.vllm_server_configs(aux, facts.num_layers, staging))
+        with managed_server(spec, Path(sm.log.server)) as server, store.writer() as writer:
+            asyncio.run(hs.extract_vllm(server.base_url, todo, writer, ops["concurrency"], ops["request_timeout_s"],
+                                        ops["max_retries"]))
+    manifest = hs.write_manifest(store, rows, Path(sm.output.manifest), backend=cfg["backend"], aux_layers=aux,
+                                 final_layer=facts.num_layers, hidden_size=facts.hidden_size)
+    log.info("%s", {k: v for k, v in manifest.items() if k != "shards"})
 
 
-if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
+if __name__ == "__main__":
     sm = snakemake  # noqa: F821 - injected by Snakemake
     run(main, sm.log.main, sm.threads)

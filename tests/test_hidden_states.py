@@ -1,30 +1,42 @@
+import json
+import subprocess
+import sys
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from draftsmith import hidden_states as hs
+from draftsmith.hs_store import ShardStore, ShardTransfer, fingerprint, open_store, write_locations
+from tests.conftest import REPO
+
+ROWS = [[1, 504, 3300, 28, 2], [1, 9, 10]]
+FP = fingerprint({"config": "c", "weights": "w"}, [2, 15, 27], 30, "vllm")
 
 
 @pytest.fixture()
 def table(tmp_path):
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.Table.from_pylist([{"input_ids": [1, 504, 3300, 28, 2]}, {"input_ids": [1, 9, 10]}]), path)
+    pq.write_table(pa.Table.from_pylist([{"input_ids": ids} for ids in ROWS]), path)
     return path
 
 
-def test_transformers_backend_writes_speculators_layout(target_dir, table, tmp_path):
+def states(ids, hidden=8, value=0.0):
+    return torch.full((len(ids), 4, hidden), value, dtype=torch.bfloat16), torch.tensor(ids)
+
+
+def test_transformers_backend_writes_the_layout_speculators_reads(target_dir, table, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    folder = tmp_path / "hs"
-    folder.mkdir()
-    todo, total = hs.rows_to_extract(table, folder)
-    assert total == 2 and [r for r, _ in todo] == [0, 1]
+    store = open_store(tmp_path / "hs", FP, "per_row")
+    rows = hs.read_rows(table)
+    assert store.done(rows) == set()
     aux = hs.default_aux_layers(30)
     assert aux == [2, 15, 27]
-    hs.extract_transformers(str(target_dir), todo, folder, aux, threads=1)
-    data = load_file(folder / "hs_0.safetensors")
+    with store.writer() as writer:
+        hs.extract_transformers(str(target_dir), list(enumerate(rows)), writer, aux, threads=1)
+    data = store.read(0)
     assert data["hidden_states"].shape == (5, 4, 576) and data["hidden_states"].dtype == torch.bfloat16
     assert data["token_ids"].tolist() == [1, 504, 3300, 28, 2]
     # The last slot is the final decoder layer's output *before* the final norm.
@@ -34,23 +46,88 @@ def test_transformers_backend_writes_speculators_layout(target_dir, table, tmp_p
         normed = model.model.norm(data["hidden_states"][:, 3][None])
     assert torch.allclose(normed.float(), out.hidden_states[-1].float(), atol=0.1, rtol=0.05)
     assert torch.equal(data["hidden_states"][:, 1], out.hidden_states[15][0])
-    manifest = hs.write_manifest(folder, tmp_path / "m.json", "transformers", aux, 30, 576, table)
-    assert manifest["rows"] == 2 and manifest["tokens"] == 8
+    manifest = hs.write_manifest(store, rows, tmp_path / "m.json", backend="transformers", aux_layers=aux)
+    assert manifest["rows"] == 2 and manifest["tokens"] == 8 and manifest["files"] == 2
 
 
-def test_resume_keeps_only_valid_matching_files(table, tmp_path):
-    folder = tmp_path / "hs"
-    folder.mkdir()
-    good = {"hidden_states": torch.zeros(5, 4, 8, dtype=torch.bfloat16),
-            "token_ids": torch.tensor([1, 504, 3300, 28, 2])}
-    save_file(good, folder / "hs_0.safetensors")
-    assert [r for r, _ in hs.rows_to_extract(table, folder)[0]] == [1]
-    (folder / "hs_0.safetensors").write_bytes((folder / "hs_0.safetensors").read_bytes()[:40])  # cut by a kill
-    assert [r for r, _ in hs.rows_to_extract(table, folder)[0]] == [0, 1]
-    save_file({**good, "token_ids": torch.tensor([1, 2, 3, 4, 5])}, folder / "hs_0.safetensors")  # stale row
-    assert [r for r, _ in hs.rows_to_extract(table, folder)[0]] == [0, 1]
+@pytest.mark.parametrize("layout", ["per_row", "shards"])
+def test_rows_are_reused_only_with_the_same_token_ids_and_fingerprint(layout, tmp_path):
+    store = open_store(tmp_path / "hs", FP, layout, shard_mb=1)
+    with store.writer() as writer:
+        writer.write(0, *states(ROWS[0]))
+    assert store.done(ROWS) == {0}
+    assert store.done([[1, 2, 3, 4, 5], ROWS[1]]) == set()  # a stale row: its tokens changed
+    other = fingerprint({"config": "c", "weights": "w"}, [3, 14, 26], 30, "vllm")  # aux_layers changed
+    assert open_store(tmp_path / "hs", other, layout).done(ROWS) == set()
+    for backend_or_target in (fingerprint({"config": "c", "weights": "w"}, [2, 15, 27], 30, "transformers"),
+                              fingerprint({"config": "c", "weights": "other"}, [2, 15, 27], 30, "vllm")):
+        assert open_store(tmp_path / "hs", backend_or_target, layout).done(ROWS) == set()
+    # Re-extraction with new settings deletes what can never be used again, and redoes every row.
+    changed = open_store(tmp_path / "hs", other, layout)
+    assert changed.purge_stale() > 0
+    assert open_store(tmp_path / "hs", FP, layout).done(ROWS) == set()
     with pytest.raises(RuntimeError, match="2 rows have no valid hidden states"):
-        hs.write_manifest(folder, tmp_path / "m.json", "vllm", [2, 15, 27], 30, 8, table)
+        hs.write_manifest(changed, ROWS, tmp_path / "m.json")
+
+
+def test_a_shard_cut_by_a_kill_is_not_taken_as_done(tmp_path):
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    with store.writer() as writer:
+        writer.write(0, *states(ROWS[0]))
+    shard = next((tmp_path / "hs" / "shards").glob("shard_*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])  # a truncated file: its index entry no longer matches
+    assert store.done(ROWS) == set()
+    with (tmp_path / "hs" / "index.jsonl").open("a") as fh:
+        fh.write('{"shard": "shard_000009.safetensors", "ro')  # an index line cut by a kill
+    assert store.entries() == []
+
+
+def test_shards_are_verified_before_training(tmp_path):
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    with store.writer() as writer:
+        for i, ids in enumerate(ROWS):
+            writer.write(i, *states(ids, value=i))
+    store.verify()
+    shard = next((tmp_path / "hs" / "shards").glob("shard_*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same size, one bit of rot
+    shard.write_bytes(bytes(data))
+    store.verify(full=False)
+    with pytest.raises(OSError, match="corrupt"):
+        store.verify()
+
+
+@pytest.mark.parametrize("layout", ["per_row", "shards"])
+def test_the_trainer_reads_either_layout_by_merged_position(layout, tmp_path):
+    store = open_store(tmp_path / "hs", FP, layout, shard_mb=1)
+    with store.writer() as writer:
+        for i, ids in enumerate(ROWS):
+            writer.write(i, *states(ids, value=i + 1))
+    data = tmp_path / "train" / "data"
+    data.mkdir(parents=True)
+    write_locations(data, store.locations([1, 0, 1]))  # merged order: a resampled row appears twice
+    transfer = ShardTransfer(data)
+    assert transfer.get_cached(0)["token_ids"].tolist() == ROWS[1]
+    assert float(transfer.get_cached(1)["hidden_states"][0, 0, 0]) == 1.0
+    assert "/" not in json.loads((data / "hs_locations.json").read_text())[0][0][:1]  # relative, portable
+    import pickle
+
+    assert pickle.loads(pickle.dumps(transfer)).get_cached(2)["token_ids"].tolist() == ROWS[1]
+
+
+def test_a_killed_shard_writer_keeps_every_finished_shard(tmp_path):
+    script = (f"import torch, os, signal\nfrom draftsmith.hs_store import ShardStore\n"
+              f"store = ShardStore(__import__('pathlib').Path({str(tmp_path / 'hs')!r}), {FP!r}, shard_mb=1)\n"
+              "w = store.writer()\n"
+              "for i in range(40):\n"
+              "    w.write(i, torch.zeros(300, 4, 128, dtype=torch.bfloat16), torch.arange(300))\n"
+              "    if i == 25: os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
+    assert proc.returncode == -9
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    done = store.done([list(range(300))] * 40)
+    assert done and done == set(range(len(done))) and len(done) < 26  # whole shards only, in order
+    store.verify()
 
 
 def test_disk_estimate_refuses_before_work(tmp_path):
@@ -65,3 +142,11 @@ def test_vllm_server_flags_name_the_cpu_connector(tmp_path):
     assert flags["speculative_config"]["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == \
         [2, 15, 27, 30]
     assert flags["kv_transfer_config"]["kv_connector_module_path"] == "draftsmith.hs_connector"
+
+
+def test_the_layers_are_decided_in_one_place(tmp_path):
+    check = tmp_path / "check.json"
+    check.write_text(json.dumps({"aux_layers": [1, 10, 20]}))
+    assert hs.choose_aux_layers([3, 4, 5], 30, check) == [3, 4, 5]
+    assert hs.choose_aux_layers(None, 30, check) == [1, 10, 20]
+    assert hs.choose_aux_layers(None, 30, None) == [2, 15, 27]
