@@ -1,10 +1,18 @@
 """Train an EAGLE-3 drafter with speculators, on GPU as published or on CPU through a small adaptation.
 
-speculators' trainer assumes an accelerator in three places: it moves the model and batches to
-``get_local_rank()`` (int 0, i.e. ``cuda:0``), autocasts with device type ``cuda`` when no
-accelerator is found, and synchronises ``torch.accelerator`` in its step timer; its checkpointer
-also maps resumed state to ``cuda:0``. :func:`adapt_for_cpu` redirects exactly those to the CPU
-when no accelerator exists and changes nothing on a GPU machine.
+- **CPU.** speculators' trainer assumes an accelerator in three places: it moves the model and
+  batches to ``get_local_rank()`` (int 0, i.e. ``cuda:0``), autocasts with device type ``cuda``
+  when no accelerator is found, and synchronises ``torch.accelerator`` in its step timer; its
+  checkpointer also maps resumed state to ``cuda:0``. :func:`adapt_for_cpu` redirects exactly
+  those to the CPU when no accelerator exists and changes nothing on a GPU machine.
+- **Resume.** A checkpoint is saved every epoch; a rerun of the same run key resumes from the last
+  one. A graceful stop (SIGTERM from Snakemake or a cluster time limit) makes speculators save an
+  ``interrupted`` checkpoint; :func:`train` turns it into a mid-epoch checkpoint that speculators
+  resumes from, and the job fails saying so.
+- **Checkpoint choice.** Every epoch is validated; the exported epoch is the one with the best
+  simulated acceptance length (:func:`simulated_tau`), not the last: τ can peak while the loss
+  still falls.
+- **Several GPUs** run the same worker under ``torchrun`` (:func:`torchrun_command`).
 """
 
 from __future__ import annotations
@@ -14,13 +22,25 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from draftsmith.atomic import atomic_path, write_json
+from draftsmith.atomic import atomic_path
 
 log = logging.getLogger(__name__)
+
+# The original EAGLE-3 decoder layer (what SGLang's LlamaForCausalLMEagle3 computes) versus
+# speculators' variant with extra norms (vLLM only).
+ARCHITECTURE_FLAGS = {
+    "eagle3": ["--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output"],
+    "speculators": [],
+}
+
+
+class TrainingInterrupted(RuntimeError):
+    pass
 
 
 def adapt_for_cpu() -> bool:
@@ -56,35 +76,22 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def assemble_training_dir(merged: Path, hidden_states: dict[str, Path], dest: Path) -> None:
-    """Write the folder speculators reads: an arrow dataset plus ``hidden_states/hs_<i>`` links.
-
-    Files are hard-linked (no extra disk) from the per-dataset extraction folders, renumbered
-    to the merged order.
-    """
+def write_dataset(merged: Path, dest: Path) -> None:
+    """The arrow dataset speculators reads (``input_ids``, ``loss_mask``, ``seq_len``), merged order."""
     from datasets import Dataset
 
-    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "seq_len", "dataset", "source_row"])
+    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "seq_len"])
     with atomic_path(dest) as tmp:
-        ds = Dataset.from_dict({"input_ids": table.column("input_ids").to_pylist(),
-                                "loss_mask": table.column("loss_mask").to_pylist(),
-                                "seq_len": table.column("seq_len").to_pylist()})
+        ds = Dataset.from_dict({name: table.column(name).to_pylist() for name in table.column_names})
         ds.set_format(type="torch")
         ds.save_to_disk(str(tmp))
-        links = tmp / "hidden_states"
-        links.mkdir()
-        for i, (name, row) in enumerate(zip(table.column("dataset").to_pylist(),
-                                            table.column("source_row").to_pylist(), strict=True)):
-            src = hidden_states[name] / f"hs_{row}.safetensors"
-            try:
-                os.link(src, links / f"hs_{i}.safetensors")
-            except OSError:
-                shutil.copyfile(src, links / f"hs_{i}.safetensors")
 
 
 def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path, d2t: Path, t2d: Path,
-                     aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path) -> list[str]:
-    args = {
+                     aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path, num_workers: int,
+                     from_pretrained: Path | None = None, hidden_states_backend: str = "file",
+                     vllm_endpoint: str | None = None) -> list[str]:
+    args: dict = {
         "speculator-type": "eagle3",
         "verifier-name-or-path": verifier,
         "data-path": str(data_dir),
@@ -96,16 +103,28 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         "num-layers": cfg["num_layers"],
         "epochs": cfg["epochs"],
         "lr": cfg["lr"],
+        "optimizer": cfg["optimizer"],
+        "weight-decay": cfg["weight_decay"],
+        "scheduler-type": cfg["scheduler"],
         "total-seq-len": cfg["total_seq_len"],
         "ttt-steps": cfg["ttt_steps"],
+        "ttt-step-loss-decay": cfg["ttt_step_loss_decay"],
         "seed": cfg["seed"],
-        "num-workers": cfg["num_workers"],
+        "num-workers": num_workers,
+        "checkpoint-freq": 1,
         "log-dir": str(log_dir),
+        "hidden-states-backend": hidden_states_backend,
     }
-    if cfg.get("max_steps"):
-        args["max-steps"] = cfg["max_steps"]
-    if cfg.get("from_pretrained"):
-        args["from-pretrained"] = cfg["from_pretrained"]
+    for key, flag in (("max_steps", "max-steps"), ("warmup_steps", "scheduler-warmup-steps"),
+                      ("warmup_ratio", "scheduler-warmup-ratio")):
+        if cfg.get(key) is not None:
+            args[flag] = cfg[key]
+    if from_pretrained:
+        args["from-pretrained"] = str(from_pretrained)
+    if vllm_endpoint:
+        args.update({"vllm-endpoint": vllm_endpoint, "on-missing": "generate"})
+    else:
+        args["on-missing"] = "raise"  # offline: a missing hidden state is a bug, never a silent skip
     if on_cpu:
         # The fused loss is a Triton kernel and FlexAttention has no CPU backward.
         args["loss-implementation"] = "eager"
@@ -113,7 +132,13 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
-    return argv
+    return argv + ARCHITECTURE_FLAGS[cfg["architecture"]]
+
+
+def torchrun_command(nproc: int, metrics_file: Path, argv: list[str]) -> list[str]:
+    """Multi-GPU training: the same worker as a single-process run, under torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "draftsmith.train", str(metrics_file), *argv]
 
 
 class _ValidationMetrics(logging.Handler):
@@ -132,26 +157,72 @@ class _ValidationMetrics(logging.Handler):
                 os.fsync(fh.fileno())
 
 
+def _track_interruption(trainer_cls, state: dict) -> None:
+    """Record where a graceful stop happened (epoch, step within it) for :func:`_resumable`."""
+    original_epoch, original_save = trainer_cls.train_epoch, trainer_cls.maybe_save_checkpoint
+
+    def train_epoch(self, epoch, *args, **kwargs):
+        skip = getattr(self, "_resume_local_step", 0) if epoch == getattr(self, "current_epoch", epoch) else 0
+        state["epoch"], state["epoch_start_step"] = epoch, self.global_step - skip
+        return original_epoch(self, epoch, *args, **kwargs)
+
+    def maybe_save_checkpoint(self, epoch, local_step: int = 0):
+        if epoch == "interrupted":
+            state["interrupted"] = True
+            state["global_step"] = self.global_step
+        return original_save(self, epoch, local_step)
+
+    trainer_cls.train_epoch, trainer_cls.maybe_save_checkpoint = train_epoch, maybe_save_checkpoint
+
+
+def _resumable(save_dir: Path, state: dict) -> str:
+    """Turn speculators' ``interrupted`` checkpoint into a mid-epoch one it resumes from."""
+    interrupted = save_dir / "interrupted"
+    if not (interrupted / "model.safetensors").exists() or "epoch" not in state:
+        return "no checkpoint could be saved at the stop; a rerun resumes from the last finished epoch"
+    epoch, local_step = state["epoch"], state["global_step"] - state["epoch_start_step"]
+    dest = save_dir / str(epoch)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(interrupted, dest)
+    (dest / "training_state.json").write_text(json.dumps({"epoch": epoch, "local_step": local_step,
+                                                          "global_step": state["global_step"]}))
+    return f"its state at epoch {epoch + 1}, step {local_step} is saved in {dest}; a rerun resumes from there"
+
+
 def train(argv: list[str], metrics_file: Path) -> list[dict]:
-    """Run speculators' trainer in this process; return validation metrics of every epoch so far."""
-    from speculators.train import cli
+    """Run speculators' trainer in this process; return validation metrics of every epoch so far.
+
+    Raises :class:`TrainingInterrupted` after a graceful stop (the checkpoint is made resumable).
+    """
+    from speculators.train import cli, trainer
     from speculators.train.config import TrainConfig
 
+    from draftsmith import hs_store  # noqa: F401 - registers the sharded hidden-state backend
+
+    config = TrainConfig.resolve(argv)
     collector = _ValidationMetrics(metrics_file)
     setup_metric_logger = cli.setup_metric_logger
+    state: dict = {}
+    _track_interruption(trainer.Trainer, state)
 
     def setup_then_collect(*args, **kwargs):
         # speculators configures its loggers with dictConfig inside main(), which replaces any
-        # handler attached beforehand; attach ours right after.
+        # handler attached beforehand; attach ours right after (rank 0 only under torchrun).
         setup_metric_logger(*args, **kwargs)
-        logging.getLogger("speculators.metrics").addHandler(collector)
+        if int(os.environ.get("RANK", "0")) == 0:
+            logging.getLogger("speculators.metrics").addHandler(collector)
 
     cli.setup_metric_logger = setup_then_collect
     try:
-        cli.main(TrainConfig.resolve(argv))
+        cli.main(config)
     finally:
         cli.setup_metric_logger = setup_metric_logger
         logging.getLogger("speculators.metrics").removeHandler(collector)
+    if state.get("interrupted"):
+        where = _resumable(Path(config.flatten()["save_path"]), state) if int(os.environ.get("RANK", "0")) == 0 \
+            else "rank 0 saved the checkpoint"
+        raise TrainingInterrupted(f"training was interrupted (SIGTERM/SIGINT); {where}")
     return read_validation(metrics_file)
 
 
@@ -165,38 +236,33 @@ def read_validation(path: Path) -> list[dict]:
     return [by_epoch[k] for k in sorted(by_epoch, key=lambda e: (e is None, e))]
 
 
-def latest_checkpoint(save_dir: Path) -> Path:
-    found = sorted((p.parent for p in save_dir.rglob("model.safetensors") if (p.parent / "config.json").exists()),
-                   key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise FileNotFoundError(f"{save_dir}: training wrote no checkpoint with model.safetensors and config.json")
-    return found[-1]
+def simulated_tau(metrics: dict) -> float:
+    """Expected acceptance length of chain drafting from validation accuracies:
+    ``1 + sum_k P(the first k+1 drafted tokens are all right)`` = ``1 + sum_k full_acc_k``."""
+    steps = sorted(int(k.split("_")[2]) for k in metrics if k.startswith("full_acc_") and k.endswith("_epoch"))
+    return 1.0 + sum(metrics[f"full_acc_{k}_epoch"] for k in steps)
 
 
-def export(checkpoint: Path, weights_out: Path, config_out: Path, verifier_ref: str) -> dict:
-    """Copy the checkpoint to the drafter folder with a portable verifier reference, and check it."""
-    check_drafter(checkpoint / "model.safetensors", checkpoint / "config.json")
-    config = json.loads((checkpoint / "config.json").read_text())
-    config["speculators_config"]["verifier"]["name_or_path"] = verifier_ref
-    with atomic_path(weights_out) as tmp:
-        shutil.copyfile(checkpoint / "model.safetensors", tmp)
-    write_json(config_out, config)
-    return config
+def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dict]:
+    """The epoch checkpoint with the best simulated τ (the last one when no epoch was validated)."""
+    epochs = {int(p.name): p for p in save_dir.iterdir()
+              if p.name.isdigit() and not p.is_symlink() and (p / "model.safetensors").exists()}
+    if not epochs:
+        raise FileNotFoundError(f"{save_dir}: training wrote no checkpoint with model.safetensors")
+    scored = [(simulated_tau(v), v["epoch"]) for v in validation if v.get("epoch") in epochs]
+    if not scored:
+        last = max(epochs)
+        return epochs[last], {"epoch": last, "reason": "last epoch (no validation metrics)", "simulated_tau": None}
+    tau, epoch = max(scored)
+    return epochs[epoch], {"epoch": epoch, "simulated_tau": tau,
+                           "reason": f"best simulated τ {tau:.3f} of {len(scored)} validated epochs"}
 
 
-def check_drafter(weights: Path, config_path: Path) -> dict[str, list[int]]:
-    """Refuse a checkpoint missing the tensors vLLM needs to map draft tokens (d2t/t2d) or fuse layers."""
-    from safetensors import safe_open
+def main() -> None:
+    """``python -m draftsmith.train METRICS_FILE SPECULATORS_ARGS...``: one worker, e.g. under torchrun."""
+    adapt_for_cpu()
+    train(sys.argv[2:], Path(sys.argv[1]))
 
-    config = json.loads(config_path.read_text())
-    hidden = config["transformer_layer_config"]["hidden_size"]
-    with safe_open(weights, framework="pt") as fh:
-        shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - safe_open is not a dict
-    for key in ("d2t", "t2d", "fc.weight", "lm_head.weight"):
-        if key not in shapes:
-            raise ValueError(f"{weights}: drafter has no {key!r} tensor")
-    if shapes["fc.weight"] != [hidden, 3 * hidden]:
-        raise ValueError(f"{weights}: fc.weight is {shapes['fc.weight']}, expected [{hidden}, {3 * hidden}]")
-    if shapes["d2t"][0] != shapes["lm_head.weight"][0]:
-        raise ValueError(f"{weights}: d2t has {shapes['d2t'][0]} entries but lm_head has {shapes['lm_head.weight'][0]}")
-    return shapes
+
+if __name__ == "__main__":
+    main()

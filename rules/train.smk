@@ -1,28 +1,99 @@
-rule train:
-    """Train the EAGLE-3 drafter with speculators; checkpoints under results/train_runs/ resume."""
+rule import_pretrained:
+    """Warm start: the pretrained drafter in speculators' layout, checked against the target."""
+    input:
+        model=target_input,
+        preflight=ancient(PREFLIGHT),
+    output:
+        check=f"{PRETRAINED}/check.json",
+    params:
+        source=config["train"]["from_pretrained"],
+        aux_layers=RESULT["hidden_states"]["aux_layers"],
+        sglang=RESULT["export"]["sglang"] is True,
+    log:
+        "logs/import_pretrained.log",
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    script:
+        "../scripts/import_pretrained.py"
+
+
+rule vocab:
+    """Draft vocabulary (d2t/t2d): built from the training split, or the warm-start drafter's own."""
     input:
         model=target_input,
         table="results/merged/train.parquet",
-        manifests=expand("results/hidden_states/{dataset}/manifest.json", dataset=DATASETS),
+        pretrained=pretrained_input,
+    output:
         d2t="results/vocab/d2t.npy",
         t2d="results/vocab/t2d.npy",
-    output:
-        weights="results/drafter/final.safetensors",
-        config="results/drafter/config.json",
-        summary="results/drafter/training.json",
+        stats="results/vocab/stats.json",
     params:
-        train=config["train"],
-        validation_fraction=config["merge"]["validation_fraction"],
-        model=target_model(),
+        vocab=RESULT["vocab"],
+        warm_start=WARM_START,
+    log:
+        "logs/vocab.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    script:
+        "../scripts/vocab.py"
+
+
+rule train:
+    """Train the EAGLE-3 drafter with speculators (checkpoints under results/train_runs/ resume);
+    pick the epoch with the best simulated τ."""
+    input:
+        model=target_input,
+        table="results/merged/train.parquet",
+        manifests=manifests,
+        d2t="results/vocab/d2t.npy",
+        t2d="results/vocab/t2d.npy",
+        pretrained=pretrained_input,
+    output:
+        summary="results/train/training.json",
+    params:
+        train=RESULT["train"],
+        hidden_states=RESULT["hidden_states"],
+        server=RESULT["server"],
         runs_dir="results/train_runs",
     log:
-        "logs/train.log",
+        main="logs/train.log",
+        server="logs/train.server.log",
     benchmark:
-        "results/benchmarks/train.tsv"
+        "results/timings/train.tsv"
     threads: config["train"]["threads"]
     resources:
-        gpu=config["train"]["gpus"],
-        mem_mb=16000,
+        gpu=train_gpus(),
+        mem_mb=config["train"]["mem_mb"],
         runtime=48 * 60,
     script:
         "../scripts/train.py"
+
+
+rule export:
+    """The chosen checkpoint for vLLM (and SGLang), gated: vLLM must load it and accept drafts."""
+    input:
+        model=target_input,
+        summary="results/train/training.json",
+        prompts=evaluation_sources,
+    output:
+        weights="results/drafter/final.safetensors",
+        config="results/drafter/config.json",
+        gate="results/drafter/gate.json",
+        sglang=directory("results/drafter/sglang"),
+    params:
+        export=RESULT["export"],
+        evaluation=RESULT["evaluation"]["prompt_sets"],
+    log:
+        main="logs/export.log",
+        server="logs/export.server.log",
+    threads: config["server"]["threads"]
+    resources:
+        gpu=config["server"]["gpus"],
+        mem_mb=config["server"]["mem_mb"],
+        runtime=60,
+    script:
+        "../scripts/export.py"

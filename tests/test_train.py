@@ -1,56 +1,81 @@
 import json
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from draftsmith import train as tr
 
-
-def fake_checkpoint(folder, *, hidden=8, drop=None, fc_cols=None):
-    folder.mkdir(parents=True)
-    tensors = {"d2t": torch.zeros(4, dtype=torch.int64), "t2d": torch.zeros(16, dtype=torch.bool),
-               "fc.weight": torch.zeros(hidden, fc_cols or 3 * hidden), "lm_head.weight": torch.zeros(4, hidden)}
-    tensors.pop(drop, None)
-    save_file(tensors, folder / "model.safetensors")
-    config = {"transformer_layer_config": {"hidden_size": hidden},
-              "speculators_config": {"verifier": {"name_or_path": "/home/someone/abs/path"}}}
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+CFG = {"num_layers": 1, "epochs": 2, "lr": 1e-3, "optimizer": "muon", "weight_decay": 0.01, "scheduler": "cosine",
+       "warmup_steps": None, "warmup_ratio": 0.1, "total_seq_len": 512, "ttt_steps": 3, "ttt_step_loss_decay": 1.0,
+       "seed": 0, "max_steps": None, "architecture": "eagle3"}
 
 
-def test_export_makes_the_verifier_reference_portable(tmp_path):
-    ckpt = fake_checkpoint(tmp_path / "runs" / "0")
-    config = tr.export(tr.latest_checkpoint(tmp_path / "runs"), tmp_path / "d" / "final.safetensors",
-                       tmp_path / "d" / "config.json", verifier_ref="results/models/t")
-    assert config["speculators_config"]["verifier"]["name_or_path"] == "results/models/t"
-    assert "/home/someone" not in (tmp_path / "d" / "config.json").read_text()
-    assert (tmp_path / "d" / "final.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+def args(tmp_path, **kw):
+    base = dict(verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path, d2t=tmp_path / "d2t.npy",
+                t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27], train_ratio=0.9, on_cpu=True, log_dir=tmp_path,
+                num_workers=1)
+    return tr.speculators_args(CFG, **{**base, **kw})
 
 
-@pytest.mark.parametrize("drop, fc_cols, message", [
-    ("d2t", None, "no 'd2t' tensor"), ("t2d", None, "no 't2d' tensor"), (None, 16, r"fc.weight is \[8, 16\]")])
-def test_checkpoints_vllm_would_mis_map_are_refused(tmp_path, drop, fc_cols, message):
-    ckpt = fake_checkpoint(tmp_path / "c", drop=drop, fc_cols=fc_cols)
-    with pytest.raises(ValueError, match=message):
-        tr.check_drafter(ckpt / "model.safetensors", ckpt / "config.json")
+def value(argv, flag):
+    return argv[argv.index(flag) + 1]
 
 
-def test_cpu_arguments_and_layer_ids(tmp_path):
-    cfg = {"num_layers": 1, "epochs": 2, "lr": 1e-4, "total_seq_len": 512, "ttt_steps": 3, "seed": 0,
-           "num_workers": 1, "max_steps": None, "from_pretrained": None}
-    argv = tr.speculators_args(cfg, verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
-                               d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
-                               train_ratio=0.9, on_cpu=True, log_dir=tmp_path)
+def test_speculators_arguments(tmp_path):
+    argv = args(tmp_path)
     i = argv.index("--target-layer-ids")
     assert argv[i + 1:i + 4] == ["2", "15", "27"]
-    assert argv[argv.index("--loss-implementation") + 1] == "eager"
-    assert argv[argv.index("--draft-attn-impl") + 1] == "sdpa"
+    assert value(argv, "--loss-implementation") == "eager" and value(argv, "--draft-attn-impl") == "sdpa"
+    assert value(argv, "--scheduler-type") == "cosine" and value(argv, "--scheduler-warmup-ratio") == "0.1"
+    assert value(argv, "--optimizer") == "muon" and value(argv, "--on-missing") == "raise"
+    assert {"--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output"} <= set(argv)
     assert "--max-steps" not in argv and "--from-pretrained" not in argv
-    gpu = tr.speculators_args({**cfg, "from_pretrained": "ckpt"}, verifier="v", data_dir=tmp_path, save_dir=tmp_path,
-                              d2t=tmp_path, t2d=tmp_path, aux_layers=[2, 15, 27], train_ratio=0.9, on_cpu=False,
-                              log_dir=tmp_path)
-    assert "--loss-implementation" not in gpu and gpu[gpu.index("--from-pretrained") + 1] == "ckpt"
+    gpu = args(tmp_path, on_cpu=False, from_pretrained=tmp_path / "pre", vllm_endpoint="http://h:1/v1")
+    assert "--loss-implementation" not in gpu and value(gpu, "--from-pretrained") == str(tmp_path / "pre")
+    assert value(gpu, "--on-missing") == "generate" and value(gpu, "--vllm-endpoint") == "http://h:1/v1"
+    # The arguments are what speculators' own parser accepts.
+    from speculators.train.config import TrainConfig
+
+    import draftsmith.hs_store  # noqa: F401 - registers the backend
+
+    resolved = TrainConfig.resolve(args(tmp_path, hidden_states_backend="draftsmith")).flatten()
+    assert resolved["norm_before_residual"] is False and resolved["scheduler_type"] == "cosine"
+    assert resolved["hidden_states_backend"] == "draftsmith" and resolved["checkpoint_freq"] == 1
+
+
+def test_several_gpus_run_the_same_worker_under_torchrun(tmp_path):
+    cmd = tr.torchrun_command(8, tmp_path / "v.jsonl", ["--epochs", "5"])
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
+    assert cmd[5:8] == ["-m", "draftsmith.train", str(tmp_path / "v.jsonl")] and cmd[-2:] == ["--epochs", "5"]
+
+
+def test_simulated_tau_and_the_checkpoint_choice(tmp_path):
+    validation = [{"epoch": e, "loss_epoch": loss, "full_acc_0_epoch": a0, "full_acc_1_epoch": a1,
+                   "full_acc_2_epoch": a2} for e, loss, a0, a1, a2 in
+                  [(0, 5.0, 0.30, 0.10, 0.03), (1, 4.0, 0.45, 0.20, 0.08), (2, 3.5, 0.40, 0.15, 0.05)]]
+    assert tr.simulated_tau(validation[1]) == pytest.approx(1.73)
+    for epoch in range(3):
+        (tmp_path / str(epoch)).mkdir()
+        (tmp_path / str(epoch) / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "checkpoint_best").symlink_to("2")
+    path, choice = tr.choose_checkpoint(tmp_path, validation)
+    # τ peaks at epoch 1 while the loss still falls: epoch 1 is exported, not the last.
+    assert path == tmp_path / "1" and choice["epoch"] == 1 and "best simulated τ 1.730 of 3" in choice["reason"]
+    path, choice = tr.choose_checkpoint(tmp_path, [])
+    assert path == tmp_path / "2" and "no validation" in choice["reason"]
+
+
+def test_a_graceful_stop_leaves_a_checkpoint_speculators_resumes(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "interrupted").mkdir()
+    (tmp_path / "interrupted" / "model.safetensors").write_bytes(b"weights")
+    message = tr._resumable(tmp_path, {"epoch": 1, "epoch_start_step": 40, "global_step": 57, "interrupted": True})
+    assert "epoch 2, step 17" in message and "rerun resumes" in message
+    assert (tmp_path / "1" / "model.safetensors").read_bytes() == b"weights" and not (tmp_path / "interrupted").exists()
+    assert json.loads((tmp_path / "1" / "training_state.json").read_text()) == {"epoch": 1, "local_step": 17,
+                                                                                 "global_step": 57}
+    from speculators.train.checkpointer import SingleGPUCheckpointer
+
+    assert SingleGPUCheckpointer(tmp_path).previous_epoch == 1  # speculators resumes from it, mid-epoch
 
 
 def test_cpu_adaptation_redirects_the_trainer():

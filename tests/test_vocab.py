@@ -8,12 +8,12 @@ from draftsmith import vocab
 
 
 def test_vocabulary_counts_supervised_tokens_of_the_training_split_only(tmp_path):
-    rows = [{"input_ids": [1, 5, 5, 7], "loss_mask": [0, 1, 1, 1]},   # train: 5 twice, 7 once (1 unsupervised)
-            {"input_ids": [9, 9, 9, 3], "loss_mask": [1, 1, 1, 1]}]   # validation row: must not count
+    rows = [{"input_ids": [1, 5, 5, 7], "loss_mask": [0, 1, 1, 1], "split": "train"},  # 5 twice, 7 once
+            {"input_ids": [9, 9, 9, 3], "loss_mask": [1, 1, 1, 1], "split": "validation"}]  # must not count
     table = tmp_path / "merged.parquet"
     pq.write_table(pa.Table.from_pylist(rows), table)
-    assert vocab.token_frequencies(table, train_rows=1) == {5: 2, 7: 1}
-    stats = vocab.build(table, 1, draft_vocab_size=4, target_vocab_size=16, d2t_out=tmp_path / "d2t.npy",
+    assert vocab.token_frequencies(table) == {5: 2, 7: 1}
+    stats = vocab.build(table, draft_vocab_size=4, target_vocab_size=16, d2t_out=tmp_path / "d2t.npy",
                         t2d_out=tmp_path / "t2d.npy", stats_out=tmp_path / "stats.json")
     d2t, t2d = np.load(tmp_path / "d2t.npy"), np.load(tmp_path / "t2d.npy")
     selected = sorted(np.nonzero(t2d)[0].tolist())

@@ -1,0 +1,174 @@
+"""Export for vLLM and SGLang, warm-start import, and the export gate."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith import export as ex
+from draftsmith.pretrained import DrafterMismatch, fit_problems, import_pretrained
+from draftsmith.target import Facts
+
+FACTS = Facts(num_layers=30, hidden_size=576, vocab_size=49152, max_position_embeddings=8192, model_type="llama")
+
+
+def make_drafter(target_dir, dest, architecture="eagle3", draft_vocab=512):
+    """A real, freshly initialised speculators EAGLE-3 checkpoint for the embedded target."""
+    from speculators.train import cli
+    from speculators.train.config import TrainConfig
+
+    from draftsmith.train import ARCHITECTURE_FLAGS
+
+    rng = np.random.default_rng(0)
+    chosen = np.sort(rng.choice(49152, draft_vocab, replace=False))
+    np.save(dest.parent / "d2t.npy", (chosen - np.arange(draft_vocab)).astype(np.int64))
+    t2d = np.zeros(49152, dtype=bool)
+    t2d[chosen] = True
+    np.save(dest.parent / "t2d.npy", t2d)
+    cli.main(TrainConfig.resolve([
+        "--verifier-name-or-path", str(target_dir), "--save-path", str(dest), "--dry-run", "--draft-attn-impl", "sdpa",
+        "--d2t-path", str(dest.parent / "d2t.npy"), "--t2d-path", str(dest.parent / "t2d.npy"),
+        "--target-layer-ids", "2", "15", "27", *ARCHITECTURE_FLAGS[architecture]]))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def drafter(target_dir, tmp_path_factory):
+    return make_drafter(target_dir, tmp_path_factory.mktemp("drafter") / "ckpt")
+
+
+def sglang_params(hidden, heads, kv_heads, head_dim, inter, vocab, draft_vocab):
+    """LlamaForCausalLMEagle3's parameters with one layer, as SGLang's llama_eagle3.py builds them."""
+    qkv = (heads + 2 * kv_heads) * head_dim
+    return {"model.embed_tokens.weight": [vocab, hidden], "model.fc.weight": [hidden, 3 * hidden],
+            "model.midlayer.self_attn.qkv_proj.weight": [qkv, 2 * hidden],
+            "model.midlayer.self_attn.o_proj.weight": [hidden, heads * head_dim],
+            "model.midlayer.mlp.gate_up_proj.weight": [2 * inter, hidden],
+            "model.midlayer.mlp.down_proj.weight": [hidden, inter],
+            "model.midlayer.input_layernorm.weight": [hidden], "model.midlayer.hidden_norm.weight": [hidden],
+            "model.midlayer.post_attention_layernorm.weight": [hidden], "model.norm.weight": [hidden],
+            "lm_head.weight": [draft_vocab, hidden]}
+
+
+STACKED = [(".qkv_proj", ".q_proj"), (".qkv_proj", ".k_proj"), (".qkv_proj", ".v_proj"),
+           (".gate_up_proj", ".gate_proj"), (".gate_up_proj", ".up_proj")]
+
+
+def load_like_sglang(weights: dict, params: dict) -> dict:
+    """Mirror of LlamaForCausalLMEagle3.load_weights: which parameter each tensor lands in."""
+    landed: dict[str, list] = {}
+    for name, tensor in weights.items():
+        if "d2t" in name or "t2d" in name:
+            continue
+        for param_name, weight_name in STACKED:
+            if weight_name in name:
+                name = name.replace(weight_name, param_name)
+                break
+        target = name if name in params else f"model.{name}"
+        assert target in params, f"SGLang would silently skip {name}"
+        landed.setdefault(target, []).append(list(tensor.shape))
+    return landed
+
+
+def test_the_sglang_export_loads_into_sglangs_eagle3_model(drafter, tmp_path):
+    out = tmp_path / "sglang"
+    ex.export_sglang(drafter, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["num_hidden_layers"] == 1
+    assert config["draft_vocab_size"] == 512 and config["vocab_size"] == 49152
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    weights = load_file(out / "model.safetensors")
+    params = sglang_params(576, config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"],
+                           config["intermediate_size"], 49152, 512)
+    landed = load_like_sglang(weights, params)
+    assert set(landed) == set(params)  # every parameter is filled, nothing is dropped
+    q, k, v = landed["model.midlayer.self_attn.qkv_proj.weight"]
+    assert q[0] + k[0] + v[0] == params["model.midlayer.self_attn.qkv_proj.weight"][0] and q[1] == 2 * 576
+    for name, shapes in landed.items():
+        if "qkv" not in name and "gate_up" not in name:
+            assert shapes == [params[name]], name
+    hot = weights["d2t"] + torch.arange(512)  # SGLang's hot_token_id
+    assert torch.equal(hot.bool().new_ones(512), weights["t2d"][hot])
+
+
+def test_a_sglang_export_comes_back_through_the_warm_start_import(drafter, target_dir, tmp_path):
+    ex.export_sglang(drafter, tmp_path / "sglang")
+    check = import_pretrained(str(tmp_path / "sglang"), tmp_path, str(target_dir), FACTS, None, tmp_path / "pre",
+                              require_sglang=True)
+    assert check["layout"] == "eagle3" and check["aux_layers"] == [2, 15, 27] and check["draft_vocab_size"] == 512
+    original, back = load_file(drafter / "model.safetensors"), load_file(tmp_path / "pre" / "model.safetensors")
+    for name, tensor in original.items():
+        assert torch.equal(back[name], tensor), name
+    assert np.array_equal(np.load(tmp_path / "pre" / "d2t.npy"), original["d2t"].numpy())
+    config = json.loads((tmp_path / "pre" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(target_dir)
+
+
+def test_speculators_layout_imports_with_its_mapping_pinned(drafter, target_dir, tmp_path):
+    check = import_pretrained(str(drafter), tmp_path, "results/models/t", FACTS, [2, 15, 27], tmp_path / "pre",
+                              require_sglang=False)
+    assert check["layout"] == "speculators"
+    assert (tmp_path / "pre" / "model.safetensors").read_bytes() == (drafter / "model.safetensors").read_bytes()
+    with pytest.raises(DrafterMismatch, match=r"aux_layers is \[3, 14, 26\] but the drafter was trained on layers "
+                                              r"\[2, 15, 27\]"):
+        import_pretrained(str(drafter), tmp_path, "t", FACTS, [3, 14, 26], tmp_path / "pre2", require_sglang=False)
+
+
+def test_a_drafter_for_another_target_is_refused_naming_tensor_and_values(drafter, tmp_path):
+    config = json.loads((drafter / "config.json").read_text())
+    shapes = ex.tensor_shapes(drafter / "model.safetensors")
+    kimi = Facts(num_layers=61, hidden_size=7168, vocab_size=163840, max_position_embeddings=131072, model_type="x")
+    problems = fit_problems(config, shapes, kimi, None)
+    assert any("tensor fc.weight is [576, 1728], the target needs [576, 21504]" in p for p in problems)
+    assert any("tensor t2d has 49152 rows, the target's vocabulary has 163840" in p for p in problems)
+    assert any("hidden size: the drafter reads target hidden states of size 576, the target's hidden_size is 7168"
+               in p for p in problems)
+    folder = tmp_path / "other"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "transformer_layer_config": {
+        **config["transformer_layer_config"], "hidden_size": 64}}))
+    small = {k: v for k, v in load_file(drafter / "model.safetensors").items() if k in ("d2t", "t2d")}
+    save_file({**small, "fc.weight": torch.zeros(64, 192), "lm_head.weight": torch.zeros(512, 64)},
+              folder / "model.safetensors")
+    with pytest.raises(DrafterMismatch, match=r"tensor fc.weight is \[64, 192\], the target needs \[64, 1728\]"):
+        import_pretrained(str(folder), tmp_path, "t", FACTS, None, tmp_path / "pre", require_sglang=False)
+    assert not (tmp_path / "pre").exists()
+
+
+def test_a_speculators_architecture_drafter_is_not_exported_wrong_for_sglang(target_dir, tmp_path):
+    ckpt = make_drafter(target_dir, tmp_path / "spec", architecture="speculators")
+    with pytest.raises(ex.ExportRefused, match="norm_before_residual=true.*train.architecture: eagle3"):
+        ex.export_sglang(ckpt, tmp_path / "sglang")
+    assert not (tmp_path / "sglang").exists()
+
+
+def test_vllm_export_makes_the_verifier_reference_portable(drafter, tmp_path):
+    config = ex.export_vllm(drafter, tmp_path / "d" / "final.safetensors", tmp_path / "d" / "config.json",
+                            verifier_ref="results/models/t")
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "results/models/t"
+    assert (tmp_path / "d" / "final.safetensors").read_bytes() == (drafter / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("drop, fc_cols, message", [
+    ("d2t", None, "no 'd2t' tensor"), ("t2d", None, "no 't2d' tensor"), (None, 16, r"fc.weight is \[8, 16\]")])
+def test_checkpoints_vllm_would_mis_map_are_refused(tmp_path, drop, fc_cols, message):
+    tensors = {"d2t": torch.zeros(4, dtype=torch.int64), "t2d": torch.zeros(16, dtype=torch.bool),
+               "fc.weight": torch.zeros(8, fc_cols or 24), "lm_head.weight": torch.zeros(4, 8)}
+    tensors.pop(drop, None)
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"transformer_layer_config": {"hidden_size": 8}}))
+    with pytest.raises(ValueError, match=message):
+        ex.check_drafter(tmp_path / "model.safetensors", tmp_path / "config.json")
+
+
+@pytest.mark.parametrize("rates, drafts, expected, passed, says", [
+    ([0.30, 0.1], 40, 0.35, True, "served first-token acceptance 0.300 (validation 0.350)"),
+    ([0.01, 0.0], 40, 0.35, False, "far below the validation accuracy 0.350"),
+    ([0.0], 0, 0.35, False, "proposed no draft tokens"),
+    ([0.0, 0.0], 40, 0.03, True, "too weak"),
+])
+def test_the_export_gate(rates, drafts, expected, passed, says):
+    ok, verdict = ex.gate_verdict({"drafts": drafts, "acceptance_rate_per_position": rates}, expected)
+    assert ok is passed and says in verdict
