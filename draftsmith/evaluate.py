@@ -1,4 +1,4 @@
-"""Benchmark the drafter: the same held-out prompts through a baseline and an EAGLE-3 vLLM server.
+"""Evaluate the drafter: the same held-out prompts through a baseline and an EAGLE-3 vLLM server.
 
 Acceptance is read from the EAGLE-3 server's own Prometheus counters, as deltas around each
 prompt set, so it is the engine's measurement, not ours. τ here is the **pooled** mean
@@ -9,7 +9,6 @@ of per-request τ).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from dataclasses import dataclass
 
@@ -20,18 +19,6 @@ from draftsmith.client import ChatClient, RetryPolicy
 from draftsmith.datasets import Prompt
 
 SPEC_PREFIX = "vllm:spec_decode_"
-
-
-def normalize(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip().lower()
-
-
-def decontaminate(prompts: list[Prompt], training_first_turns: set[str]) -> tuple[list[Prompt], list[str]]:
-    """Drop benchmark prompts whose first turn also appears (normalised) in the training prompts."""
-    kept, dropped = [], []
-    for p in prompts:
-        (dropped if normalize(p.turns[0]) in training_first_turns else kept).append(p)
-    return kept, [p.id for p in dropped]
 
 
 def scrape_spec_counters(root_url: str) -> dict[str, float]:
@@ -103,3 +90,41 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
 
 def root_of(base_url: str) -> str:
     return base_url.removesuffix("/v1")
+
+
+def server_spec(engine: str, model: str, server_cfg: dict, drafter: str | None, cfg: dict):
+    """The baseline (``drafter`` None) or EAGLE-3 server for one engine."""
+    from draftsmith.server import spec_from_config
+
+    if drafter is None:
+        return spec_from_config(model, server_cfg, engine=engine)
+    k = cfg["num_speculative_tokens"]
+    if engine == "vllm":
+        return spec_from_config(model, server_cfg, speculative_config={"method": "eagle3", "model": drafter,
+                                                                       "num_speculative_tokens": k})
+    # SGLang reads the SGLang export, drafting a chain of k tokens (top-k 1).
+    return spec_from_config(model, server_cfg, engine="sglang", extra_args=[
+        "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{drafter}/sglang",
+        "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", str(k + 1)])
+
+
+def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str) -> dict:
+    """Throughput and acceptance of one prompt set on an EAGLE-3 server."""
+    root = root_of(base_url)
+    before = scrape_spec_counters(root) if engine == "vllm" else {}
+    result = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency)).as_dict()
+    if engine == "vllm":
+        result["acceptance"] = acceptance(before, scrape_spec_counters(root))
+    else:
+        result["acceptance"] = sglang_acceptance(root)
+    return result
+
+
+def sglang_acceptance(root_url: str) -> dict:
+    """SGLang reports the mean acceptance length of its recent requests in /get_server_info."""
+    info = httpx.get(root_url + "/get_server_info", timeout=30).json()
+    states = info.get("internal_states") or [{}]
+    tau = states[0].get("avg_spec_accept_length")
+    return {"drafts": None, "draft_tokens": None, "accepted_tokens": None, "tau_pooled": tau,
+            "acceptance_rate_per_position": []}

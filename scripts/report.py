@@ -1,18 +1,25 @@
 import json
 from pathlib import Path
 
-from draftsmith.report import write_report
+from draftsmith.report import Inputs, write_report
 from draftsmith.runner import run
 
 
+def load(path):
+    return json.loads(Path(path).read_text())
+
+
+def by_dataset(paths):
+    return {Path(p).name.removesuffix(".stats.json"): load(p) for p in paths}
+
+
 def main() -> None:
-    results = json.loads(Path(sm.input.results).read_text())
-    stats = {Path(p).name.removesuffix(".stats.json"): json.loads(Path(p).read_text()) for p in sm.input.stats}
-    training = json.loads(Path(sm.input.training).read_text())
-    write_report(results, stats, training, Path(sm.output.markdown), Path(sm.output.plot),
-                 Path(sm.output.training_plot))
+    inputs = Inputs(results=load(sm.input.results), generation=by_dataset(sm.input.generation),
+                    prompts=by_dataset(sm.input.prompts), merge=load(sm.input.merge), vocab=load(sm.input.vocab),
+                    training=load(sm.input.training), gate=load(sm.input.gate))
+    write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot))
 
 
-if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
+if __name__ == "__main__":
     sm = snakemake  # noqa: F821 - injected by Snakemake
     run(main, sm.log[0])

@@ -1,5 +1,4 @@
-from draftsmith.bench import acceptance, decontaminate, normalize
-from draftsmith.datasets import Prompt
+from draftsmith.evaluate import acceptance
 
 # An excerpt of vLLM 0.32's /metrics text with speculative decoding on.
 METRICS = """
@@ -23,10 +22,10 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
 def test_tau_is_pooled_from_counter_deltas(monkeypatch):
     import httpx
 
-    from draftsmith import bench
+    from draftsmith import evaluate
 
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=METRICS))
-    after = bench.scrape_spec_counters("http://x")
+    after = evaluate.scrape_spec_counters("http://x")
     assert after == {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12,
                      "per_pos_0": 7, "per_pos_1": 4, "per_pos_2": 1}
     before = {"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 2, "per_pos_0": 2, "per_pos_1": 0,
@@ -38,9 +37,3 @@ def test_tau_is_pooled_from_counter_deltas(monkeypatch):
 
 def test_no_drafts_gives_no_tau_rather_than_a_fake_one():
     assert acceptance({}, {"num_drafts": 0.0})["tau_pooled"] is None
-
-
-def test_decontamination_drops_prompts_seen_in_training():
-    prompts = [Prompt("a", ["Explain  Gravity."]), Prompt("b", ["Something new"])]
-    kept, dropped = decontaminate(prompts, {normalize("explain gravity.")})
-    assert [p.id for p in kept] == ["b"] and dropped == ["a"]

@@ -1,24 +1,51 @@
-from draftsmith.report import write_report
-
-RESULTS = {"target": "t", "drafter": "results/drafter", "num_speculative_tokens": 3, "temperature": 0.0,
-           "max_tokens": 32, "concurrency": 2,
-           "sets": {"everyday": {"prompts": 3, "decontaminated_ids": ["bench-1"], "speedup": 0.8,
-                                 "baseline": {"output_tok_s": 40.0},
-                                 "eagle3": {"output_tok_s": 32.0, "acceptance": {
-                                     "tau_pooled": 1.234, "acceptance_rate_per_position": [0.2, 0.03, 0.004]}}}}}
-STATS = {"everyday": {"records": 6, "rejected_rows": 1, "errors": 0, "retries": 2, "truncated_kept": 6,
-                      "dropped_truncated": 0, "completion_tokens": 192, "latency_p50_s": 1.5, "latency_p95_s": None}}
-TRAINING = {"rows": 12, "run_key": "abc", "on_cpu": True,
-            "validation": [{"epoch": 0, "loss_epoch": 9.1, "full_acc_0_epoch": 0.05, "full_acc_1_epoch": 0.0},
-                           {"epoch": 1, "loss_epoch": 7.2, "full_acc_0_epoch": 0.1, "full_acc_1_epoch": 0.01}]}
+from draftsmith.report import Inputs, write_report
 
 
-def test_report_shows_tau_training_and_generation_with_plots(tmp_path):
+def measured(tau, rates, tok_s, speedup):
+    return {"output_tok_s": tok_s, "speedup": speedup,
+            "acceptance": {"tau_pooled": tau, "acceptance_rate_per_position": rates}}
+
+
+RESULTS = {"target": "t", "engine": "vllm", "num_speculative_tokens": 3, "max_tokens": 32, "concurrency": 2,
+           "drafters": {"finetuned": "results/drafter", "pretrained": "results/pretrained"},
+           "runs": [{"set": "everyday", "temperature": 0.0, "prompts": 3, "baseline": {"output_tok_s": 40.0},
+                     "drafters": {"finetuned": measured(1.234, [0.2, 0.03, 0.004], 32.0, 0.8),
+                                  "pretrained": measured(1.1, [0.1, 0.0, 0.0], 30.0, 0.75)}},
+                    {"set": "everyday", "temperature": 1.0, "prompts": 3, "baseline": {"output_tok_s": 41.0},
+                     "drafters": {"finetuned": measured(1.2, [0.2, 0.0, 0.0], 33.0, 0.8),
+                                  "pretrained": measured(1.05, [0.05, 0.0, 0.0], 31.0, 0.76)}}]}
+GENERATION = {"everyday": {"records": 6, "errors": 0, "retries": 2, "truncated_kept": 6, "reasoning_records": 0,
+                           "dropped_truncated": 0, "completion_tokens": 192, "latency_p50_s": 1.5,
+                           "latency_p95_s": None}}
+PROMPTS = {"everyday": {"rows_read": 9, "rejected_rows": 1, "kept": 6, "dropped": {"exact": 1, "duplicate": 1},
+                        "examples": [{"id": "e-7", "reason": "exact", "matches": "everyday/bench-1", "overlap": 1.0,
+                                      "prompt": "Explain gravity."}]}}
+MERGE = {"datasets": {"everyday": {"weight": 1.0, "train_rows": 5, "validation_rows": 1,
+                                   "train_supervised_tokens": 150}}}
+VOCAB = {"source": "pretrained drafter org/drafter", "draft_vocab_size": 2048, "target_vocab_size": 49152,
+         "coverage": 0.987, "d2t_sha256": "ab" * 32}
+TRAINING = {"rows": 12, "run_key": "abc", "on_cpu": True, "chosen": {"epoch": 0, "reason": "best simulated τ 1.150"},
+            "hidden_states": {"mode": "online", "layout": None, "aux_layers": [2, 15, 27]},
+            "warm_start": {"source": "org/drafter", "layout": "eagle3"},
+            "validation": [{"epoch": 0, "loss_epoch": 9.1, "full_acc_0_epoch": 0.15, "full_acc_1_epoch": 0.0,
+                            "simulated_tau": 1.15},
+                           {"epoch": 1, "loss_epoch": 7.2, "full_acc_0_epoch": 0.1, "full_acc_1_epoch": 0.01,
+                            "simulated_tau": 1.11}]}
+GATE = {"passed": True, "verdict": "served first-token acceptance 0.140 (validation 0.150)"}
+
+
+def test_report_shows_every_stage_with_plots(tmp_path):
     md, png, train_png = tmp_path / "report.md", tmp_path / "acc.png", tmp_path / "train.png"
-    write_report(RESULTS, STATS, TRAINING, md, png, train_png)
+    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE), md, png, train_png)
     text = md.read_text()
-    assert "| everyday | 3 | 1.234 | 0.20, 0.03, 0.00 | 40.0 | 32.0 | 0.80× |" in text
-    assert "| 2 | 7.200 | 0.100 | 0.010 |" in text
-    assert "bench-1" in text and "![acceptance and throughput](acc.png)" in text and "(train.png)" in text
-    assert "| everyday | 6 | 1 | 0 | 2 | 6 | 0 | 192 | 1.50 | – |" in text
+    assert "| everyday | 0 | 3 | finetuned | 1.234 | 0.20, 0.03, 0.00 | 40.0 | 32.0 | 0.80× |" in text
+    assert "| everyday | 1 | 3 | pretrained | 1.050 | 0.05, 0.00, 0.00 | 41.0 | 31.0 | 0.76× |" in text
+    assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | ✔ |" in text and "| 2 | 7.200 | 0.100 | 0.010 | 1.110 |  |" in text
+    assert "**Exported: epoch 1** (best simulated τ 1.150)" in text and "Export gate: passed" in text
+    assert "Vocabulary mapping: pretrained drafter org/drafter" in text and "98.7%" in text
+    assert "hidden states **online**" in text and "Warm start from `org/drafter`" in text
+    assert "![acceptance and throughput](acc.png)" in text and "(train.png)" in text
+    assert "| everyday | 6 | 0 | 2 | 6 | 0 | 0 | 192 | 1.50 | – |" in text
+    assert "| everyday | 9 | 1 | 6 | 1 | 0 | 1 | 1.0 | 5 | 1 | 150 |" in text
+    assert "everyday/bench-1" in text
     assert png.read_bytes()[:4] == train_png.read_bytes()[:4] == b"\x89PNG"
