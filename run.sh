@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Command 1 of 2: set up the environment if needed, then run the workflow.
-#   ./run.sh                      # embedded default: drafter + benchmark report
+#   ./run.sh                      # embedded default: drafter + evaluation report
 #   ./run.sh -n                   # dry run: what remains to be done
 #   ./run.sh results/drafter/final.safetensors --configfile my.yaml
+#   ./run.sh redo hidden_states DATASET   # redo one dataset's hidden states (or: redo answers DATASET)
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
+if [[ ${1:-} == redo ]]; then
+  shift
+  exec .venv/bin/python -m draftsmith.redo "$@"
+fi
 exec .venv/bin/snakemake "$@"

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,9 +14,9 @@ import pytest
 import torch
 import yaml
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 
+from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +28,7 @@ def planned_jobs(dry_run_output: str) -> set[tuple[str, str]]:
     for block in re.split(r"\n\s*\n", dry_run_output):
         rule = re.search(r"^\s*(?:local)?rule (\w+):", block, re.M)
         if rule:
-            dataset = re.search(r"wildcards: dataset=(\w+)", block)
+            dataset = re.search(r"wildcards: \w+=([\w-]+)", block)
             jobs.add((rule[1], dataset[1] if dataset else ""))
     return jobs
 
@@ -75,19 +78,23 @@ def test_drafter_has_the_tensors_vllm_needs(workdir):
 
 
 def test_report_holds_tau_read_from_the_servers_counters(workdir):
-    report = json.loads((workdir / "results" / "benchmark" / "report.json").read_text())
-    acc = report["sets"]["everyday"]["eagle3"]["acceptance"]
+    report = json.loads((workdir / "results" / "evaluation" / "results.json").read_text())
+    assert [(r["set"], r["temperature"]) for r in report["runs"]] == [("everyday", 0.0), ("everyday", 1.0)]
+    acc = report["runs"][0]["drafters"]["finetuned"]["acceptance"]
     # vLLM loaded the drafter and drafted: the counters moved.
     assert acc["drafts"] > 0 and acc["draft_tokens"] == 3 * acc["drafts"]
     assert acc["tau_pooled"] == pytest.approx(1 + acc["accepted_tokens"] / acc["drafts"])
     assert len(acc["acceptance_rate_per_position"]) == 3
-    assert report["sets"]["everyday"]["baseline"]["output_tokens"] > 0
-    md = (workdir / "results" / "benchmark" / "report.md").read_text()
+    assert report["runs"][0]["baseline"]["output_tokens"] > 0
+    md = (workdir / "results" / "report" / "report.md").read_text()
     assert f"{acc['tau_pooled']:.3f}" in md and "pooled" in md
-    assert (workdir / "results" / "benchmark" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
-    training = json.loads((workdir / "results" / "drafter" / "training.json").read_text())
+    assert (workdir / "results" / "report" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    training = json.loads((workdir / "results" / "train" / "training.json").read_text())
     assert training["validation"] and "full_acc_0_epoch" in training["validation"][0]
-    assert "no validation metrics" not in md
+    assert "no validation metrics" not in md and f"Exported: epoch {training['chosen']['epoch'] + 1}" in md
+    # The drafter learned, and the gate saw vLLM accept its drafts at about its validation accuracy.
+    gate = json.loads((workdir / "results" / "drafter" / "gate.json").read_text())
+    assert gate["passed"] and gate["validation_full_acc_0"] > 0.1 and gate["acceptance"]["accepted_tokens"] > 0
 
 
 def test_generation_records_and_stats(workdir):
@@ -101,16 +108,20 @@ def test_generation_records_and_stats(workdir):
         assert stats["records"] == 6 and stats["errors"] == 0
 
 
-def test_vllm_and_transformers_hidden_states_agree(workdir):
+def test_vllm_and_transformers_hidden_states_agree(workdir, tmp_path):
     from draftsmith.hidden_states import extract_transformers
+    from draftsmith.hs_store import open_store
 
     ids = pq.read_table(workdir / "results" / "tokenized" / "everyday.parquet").column("input_ids")[0].as_py()
-    out = workdir / "hs_check"
-    out.mkdir()
-    model = workdir / "results" / "models" / "smollm2-135m-instruct"
-    extract_transformers(str(model), [(0, ids)], out, [2, 15, 27], threads=1)
-    ours = load_file(out / "hs_0.safetensors")["hidden_states"].float()
-    vllm = load_file(workdir / "results" / "hidden_states" / "everyday" / "hs_0.safetensors")["hidden_states"].float()
+    folder = workdir / "results" / "hidden_states" / "everyday"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["layout"] == "shards" and manifest["files"] > 1 and len(manifest["shards"][0]["sha256"]) == 64
+    check = open_store(tmp_path / "hs", "check", "per_row")
+    with check.writer() as writer:
+        extract_transformers(str(workdir / "results" / "models" / "smollm2-135m-instruct"), [(0, ids)], writer,
+                             [2, 15, 27], threads=1)
+    ours = check.read(0)["hidden_states"].float()
+    vllm = open_store(folder, manifest["fingerprint"], "shards").read(0)["hidden_states"].float()
     assert ours.shape == vllm.shape
     for slot in range(4):
         cos = torch.nn.functional.cosine_similarity(ours[:, slot], vllm[:, slot], dim=-1)
@@ -120,6 +131,49 @@ def test_vllm_and_transformers_hidden_states_agree(workdir):
 def test_second_run_does_nothing(workdir):
     proc = snakemake(workdir, "-n")
     assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def write_config(tmp_path, change, name="changed.yaml"):
+    cfg = yaml.safe_load(CONFIG.read_text())
+    change(cfg)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_operational_settings_rerun_nothing(workdir, tmp_path):
+    def faster(cfg):
+        cfg["server"].update(threads=1, mem_mb=12000, startup_timeout_s=900)
+        cfg["train"].update(threads=1, num_workers=2)
+        cfg["datasets"]["everyday"]["generation"]["concurrency"] = 64
+        cfg["hidden_states"]["concurrency"] = 1
+
+    proc = snakemake(workdir, "-n", config=write_config(tmp_path, faster))
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout
+
+
+def test_a_user_config_brings_its_own_datasets_only(tmp_path):
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"id": "a", "prompt": "hi"}\n')
+    user = tmp_path / "user.yaml"
+    user.write_text(yaml.safe_dump({"datasets": {"mine": {"source": str(mine)}},
+                                    "evaluation": {"prompt_sets": {"held": {"source": str(mine)}}}}))
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+           "--configfile", str(user), "--cores", "2", "-n"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = planned_jobs(proc.stdout)
+    assert {d for rule, d in jobs if rule == "generate"} == {"mine"}
+    assert f"config read from {REPO / 'config' / 'config.yaml'}, {user}" in proc.stderr
+
+
+def test_a_mistake_found_hours_in_fails_the_dry_run(tmp_path):
+    bad = write_config(tmp_path, lambda c: c["hidden_states"].update(aux_layers=[2, 15, 99]) or
+                       c["evaluation"]["prompt_sets"].update(gone={"source": str(tmp_path / "gone.jsonl")}))
+    proc = snakemake(tmp_path, "-n", config=bad)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "evaluation.prompt_sets.gone.source" in out and "gone.jsonl does not exist" in out
+    assert not (tmp_path / "results").exists()
 
 
 def test_changing_one_dataset_reruns_only_that_dataset(workdir, tmp_path):
@@ -134,3 +188,45 @@ def test_changing_one_dataset_reruns_only_that_dataset(workdir, tmp_path):
             ("train", ""), ("benchmark", "")} <= jobs
     assert not {j for j in jobs if j[1] == "everyday"}, jobs
     assert ("prepare_target", "") not in jobs
+
+
+def test_sglang_export_sits_beside_the_vllm_one(workdir):
+    sglang = workdir / "results" / "drafter" / "sglang"
+    # The default architecture has speculators' extra norms, which SGLang does not compute: it says so.
+    assert "norm_before_residual=true" in (sglang / "NOT_EXPORTED.txt").read_text()
+
+
+def test_redo_one_dataset_touches_no_other(workdir, tmp_path):
+    work = tmp_path / "copy"
+    shutil.copytree(workdir, work, symlinks=True)
+    others = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (work / "results").rglob("*everyday*")
+              if p.is_file()} | {p: (p.read_bytes(), p.stat().st_mtime_ns)
+                                 for p in (work / "results" / "hidden_states" / "everyday").rglob("*") if p.is_file()}
+    old = {p.name: p.stat().st_mtime_ns for p in (work / "results" / "hidden_states" / "humaneval" / "shards").iterdir()}
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "hidden_states", "humaneval", "-s",
+                           str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
+                           "results/hidden_states/humaneval/manifest.json"],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "removed results/hidden_states/humaneval" in proc.stderr
+    new = {p.name: p.stat().st_mtime_ns for p in (work / "results" / "hidden_states" / "humaneval" / "shards").iterdir()}
+    assert new and all(new[n] > old.get(n, 0) for n in new)  # every shard written again
+    for path, (content, mtime) in others.items():
+        assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, path
+    # The same for answers: the journal goes, so every humaneval prompt is answered again.
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "answers", "humaneval", "-s",
+                           str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
+                           "results/responses/humaneval.jsonl"], capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stats = json.loads((work / "results" / "responses" / "humaneval.stats.json").read_text())
+    assert stats["prompts_sent_this_run"] == stats["records"] == 16
+    for path, (content, mtime) in others.items():
+        assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, path
+
+
+def test_changing_aux_layers_reruns_hidden_states_and_what_follows(workdir, tmp_path):
+    proc = snakemake(workdir, "-n", config=write_config(tmp_path, lambda c: c["hidden_states"].update(
+        aux_layers=[3, 14, 26])))
+    jobs = planned_jobs(proc.stdout)
+    assert {("hidden_states", "everyday"), ("hidden_states", "humaneval"), ("train", ""), ("export", "")} <= jobs
+    assert not {j for j in jobs if j[0] in ("generate", "tokenize")}

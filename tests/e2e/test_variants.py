@@ -1,0 +1,73 @@
+"""Variants of the real workflow: warm start from a drafter, and online hidden states."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.e2e.conftest import CONFIG, snakemake
+from tests.e2e.test_workflow import planned_jobs
+
+pytestmark = pytest.mark.e2e
+
+
+def variant(tmp_path, change):
+    cfg = yaml.safe_load(CONFIG.read_text())
+    change(cfg)
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_or_fail(work, config, *targets):
+    proc = snakemake(work, *targets, config=config)
+    if proc.returncode != 0:
+        logs = "\n".join(f"== {p}\n{p.read_text()[-2500:]}" for p in sorted((work / "logs").rglob("*.log")))
+        pytest.fail(f"workflow failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
+
+
+def validation(work):
+    return json.loads((work / "results" / "train" / "training.json").read_text())["validation"]
+
+
+def test_warm_start_from_a_drafter_on_other_data(workdir, tmp_path):
+    def finetune(cfg):
+        cfg["datasets"]["everyday"]["skip"] = 16  # other prompts than the first drafter saw
+        cfg["datasets"]["humaneval"]["skip"] = 20
+        cfg["train"].update(from_pretrained=str(workdir / "results" / "drafter"), epochs=1)
+
+    work = tmp_path / "finetune"
+    run_or_fail(work, variant(tmp_path, finetune))
+    # The pretrained mapping is reused byte for byte, and said so.
+    assert (work / "results" / "vocab" / "d2t.npy").read_bytes() == (workdir / "results" / "vocab" / "d2t.npy").read_bytes()
+    assert np.array_equal(np.load(work / "results" / "vocab" / "t2d.npy"), np.load(workdir / "results" / "vocab" / "t2d.npy"))
+    stats = json.loads((work / "results" / "vocab" / "stats.json").read_text())
+    assert stats["source"].startswith("pretrained drafter") and 0 < stats["coverage"] <= 1
+    # Warm-started, the first epoch is already better than training from scratch was.
+    assert validation(work)[0]["full_acc_0_epoch"] > validation(workdir)[0]["full_acc_0_epoch"]
+    results = json.loads((work / "results" / "evaluation" / "results.json").read_text())
+    assert set(results["runs"][0]["drafters"]) == {"finetuned", "pretrained"}
+    assert results["runs"][0]["drafters"]["pretrained"]["acceptance"]["drafts"] > 0
+    report = (work / "results" / "report" / "report.md").read_text()
+    assert "Warm start from" in report and "pretrained drafter" in report
+
+
+def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
+    online = variant(tmp_path, lambda cfg: cfg["hidden_states"].update(mode="online"))
+    proc = snakemake(tmp_path / "plan", "-n", config=online)
+    assert proc.returncode == 0 and not {j for j in planned_jobs(proc.stdout) if j[0] == "hidden_states"}
+    work = tmp_path / "online"
+    shutil.copytree(workdir, work, symlinks=True)
+    run_or_fail(work, online, "results/train/training.json")
+    summary = json.loads((work / "results" / "train" / "training.json").read_text())
+    assert summary["hidden_states"]["mode"] == "online"
+    assert not list((work / "results" / "train_runs" / summary["run_key"]).rglob("hs_*.safetensors"))
+    offline, online_v = validation(workdir), validation(work)
+    assert len(offline) == len(online_v)
+    for a, b in zip(offline, online_v, strict=True):
+        assert abs(a["full_acc_0_epoch"] - b["full_acc_0_epoch"]) < 0.05, (a, b)
+        assert abs(a["loss_epoch"] - b["loss_epoch"]) < 0.05 * a["loss_epoch"], (a, b)
