@@ -2,24 +2,23 @@ rule generate:
     """Answer one dataset's prompts with the target (managed vLLM/SGLang server or external endpoints)."""
     input:
         model=target_input,
-        prompts=dataset_source,
+        prompts="results/prompts/{generated}.jsonl",
+        preflight=ancient(PREFLIGHT),
     output:
-        responses="results/responses/{dataset}.jsonl",
-        stats="results/responses/{dataset}.stats.json",
-        errors="results/responses/{dataset}.errors.jsonl",
-        rejects="results/responses/{dataset}.rejects.jsonl",
+        responses="results/responses/{generated}.jsonl",
+        stats="results/responses/{generated}.stats.json",
+        errors="results/responses/{generated}.errors.jsonl",
     params:
-        dataset=dataset_cfg,
-        server=config["server"],
-        generation_server=config["generation_server"],
-        model=target_model(),
-        base_dir=BASE_DIR,
+        dataset=generation_params,
+        model_name=generation_model_name(),
+        chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
+        server=RESULT["server"],
         journal_dir="results/responses/.journal",
     log:
-        main="logs/generate/{dataset}.log",
-        server="logs/generate/{dataset}.server.log",
+        main="logs/generate/{generated}.log",
+        server="logs/generate/{generated}.server.log",
     benchmark:
-        "results/benchmarks/generate/{dataset}.tsv"
+        "results/timings/generate/{generated}.tsv"
     threads: config["server"]["threads"]
     resources:
         gpu=generation_gpus(),

@@ -3,51 +3,54 @@ import logging
 from contextlib import nullcontext
 from pathlib import Path
 
-from draftsmith.atomic import write_jsonl
-from draftsmith.datasets import load_configured, resolve_source
+from draftsmith.client import HealthPolicy
+from draftsmith.datasets import read_prompts
 from draftsmith.generate import GenerationSettings, Outputs, generate, has_work, make_client, settings_key
-from draftsmith.runner import run
+from draftsmith.runner import run, target_of
 from draftsmith.server import generation_spec, managed_server
 
 log = logging.getLogger("draftsmith.generate")
 
 
 def main() -> None:
-    ds, name = sm.params.dataset, sm.wildcards.dataset
-    prompts = load_configured(ds, Path(sm.params.base_dir))
-    write_jsonl(sm.output.rejects, [r.as_dict() for r in prompts.rejects])
-    if prompts.rejects:
-        log.warning("%s: %d rows rejected, first: %s (all in %s)", name, len(prompts.rejects), prompts.rejects[0],
-                    sm.output.rejects)
-    settings = GenerationSettings.from_config(ds["generation"])
-    gen = sm.params.generation_server
+    name, params = sm.wildcards.generated, sm.params
+    entry = sm.config["datasets"][name]  # operational settings too (concurrency, timeouts): not in params
+    gen = sm.config["generation_server"]
     managed = gen["mode"] == "managed"
-    model = sm.params.model if managed else (gen["served_model"] or sm.params.model)
-    source = resolve_source(ds["source"], Path(sm.params.base_dir))
-    journal = Path(sm.params.journal_dir) / f"{name}-{settings_key(model, source, settings)}.jsonl"
+    token_ids = gen["return_token_ids"]
+    settings = GenerationSettings.from_config(
+        entry["generation"], chat_template_kwargs=params.chat_template_kwargs,
+        return_token_ids=(managed and gen["engine"] == "vllm") if token_ids == "auto" else token_ids)
+    prompts = read_prompts(Path(sm.input.prompts))
+    journal = Path(params.journal_dir) / f"{name}-{settings_key(params.model_name, settings)}.jsonl"
     outputs = Outputs(Path(sm.output.responses), Path(sm.output.stats), Path(sm.output.errors), journal)
-    if not has_work(prompts.prompts, journal, ds["max_samples"], ds["token_budget"]):
+    limits = {"max_samples": entry["max_samples"], "token_budget": entry["token_budget"]}
+    if not has_work(prompts, journal, **limits):
         log.info("%s: everything is already journaled or the budget is reached; no server needed", name)
-        stats = asyncio.run(_generate(prompts.prompts, None, settings, outputs, ds, name, len(prompts.rejects)))
-    else:
-        context = managed_server(generation_spec(model, sm.params.server, gen), Path(sm.log.server)) if managed \
-            else nullcontext(gen["base_urls"])
-        with context as base_urls:
-            client = make_client(base_urls, model, settings, gen["api_key_env"], gen["headers"])
-            stats = asyncio.run(_generate(prompts.prompts, client, settings, outputs, ds, name,
-                                          len(prompts.rejects)))
+        asyncio.run(_generate(prompts, None, settings, outputs, limits, name, None))
+        return
+    target = target_of(sm)
+    served = target.model if managed else (gen["served_model"] or target.model)
+    context = managed_server(generation_spec(target.model, sm.config["server"], gen), Path(sm.log.server)) \
+        if managed else nullcontext(None)
+    with context as server:
+        health = HealthPolicy(max_consecutive_failures=gen["max_consecutive_connection_failures"],
+                              outage_grace_s=gen["outage_grace_s"])
+        client = make_client(server.base_url if server else gen["base_urls"], served, settings, gen["api_key_env"],
+                             gen["headers"], health=health, max_retry_after_s=gen["max_retry_after_s"])
+        stats = asyncio.run(_generate(prompts, client, settings, outputs, limits, name,
+                                      server.exit_message if server else None))
     log.info("%s: %s", name, stats)
 
 
-async def _generate(prompts, client, settings, outputs, ds, name, rejects):
+async def _generate(prompts, client, settings, outputs, limits, name, server_exit):
     try:
-        return await generate(prompts, client, settings, outputs, max_samples=ds["max_samples"],
-                              token_budget=ds["token_budget"], dataset=name, rejects=rejects)
+        return await generate(prompts, client, settings, outputs, dataset=name, server_exit=server_exit, **limits)
     finally:
         if client is not None:
             await client.aclose()
 
 
-if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
+if __name__ == "__main__":
     sm = snakemake  # noqa: F821 - injected by Snakemake
     run(main, sm.log.main)
