@@ -110,6 +110,33 @@ def facts(target: Target) -> Facts:
     return Facts.from_config(load_config(target))
 
 
+def facts_without_weights(target: Target) -> Facts:
+    """Facts from config.json, or from a GGUF file's header before it is prepared."""
+    if config_path(target) is not None or target.kind != "gguf":
+        return facts(target)
+    import gguf
+
+    reader = gguf.GGUFReader(target.gguf_file())
+
+    def field(name: str):
+        return reader.fields[name].contents()
+
+    arch = field("general.architecture")
+    return Facts(num_layers=int(field(f"{arch}.block_count")), hidden_size=int(field(f"{arch}.embedding_length")),
+                 vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+                 max_position_embeddings=int(field(f"{arch}.context_length")), model_type=arch)
+
+
+def load_tokenizer(target: Target):
+    """The target's tokenizer (GGUF targets: from the GGUF file, no dequantisation)."""
+    from transformers import AutoTokenizer
+
+    if target.kind == "gguf" and config_path(target) is None:
+        path = target.gguf_file()
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(target.model, revision=target.revision)
+
+
 def cheap_facts(target: Target) -> Facts | None:
     """Facts when they can be read without work (a config.json already on disk), else None."""
     try:

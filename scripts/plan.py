@@ -1,0 +1,44 @@
+import logging
+import statistics
+from pathlib import Path
+
+from draftsmith import plan
+from draftsmith import target as targets
+from draftsmith.atomic import write_json, write_text
+from draftsmith.chat import Renderer
+from draftsmith.datasets import read_prompts
+from draftsmith.runner import run, target_of
+
+
+def prompt_tokens(renderer, prompts, sample):
+    """Mean tokens of a prompt as the server renders it (first turn, with the chat template)."""
+    lengths = [len(renderer.ids(renderer.text([{"role": "user", "content": p.turns[0]}], True)))
+               for p in prompts[:sample]]
+    return statistics.fmean(lengths) if lengths else 0.0
+
+
+def main() -> None:
+    cfg = sm.config
+    tgt = target_of(sm)
+    facts = targets.facts_without_weights(tgt)
+    renderer = Renderer(targets.load_tokenizer(tgt), cfg["target"]["chat_template_kwargs"])
+    results = Path("results")
+    plans = []
+    for path in map(Path, sm.input.prompts):
+        name = path.name.removesuffix(".jsonl")
+        prompts = read_prompts(path)
+        plans.append(plan.plan_dataset(name, cfg["datasets"][name], prompts,
+                                       prompt_tokens(renderer, prompts, cfg["plan"]["prompt_sample"]),
+                                       cfg["plan"]["completion_fraction"], results / "responses" / ".journal",
+                                       cfg["tokenize"]["max_length"]))
+    throughput = plan.measured_throughput(results, cfg["plan"]["throughput"])
+    markdown, data = plan.render(plans, facts, cfg, throughput, *plan.free_space(results, cfg["plan"]["free_tb"]))
+    markdown += "\n".join(plan.measured_section(results, plans)) + "\n"
+    write_json(sm.output.data, data)
+    write_text(sm.output.markdown, markdown)
+    logging.getLogger("draftsmith.plan").info("\n%s", markdown)
+
+
+if __name__ == "__main__":
+    sm = snakemake
+    run(main, sm.log[0])

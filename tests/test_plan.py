@@ -1,0 +1,64 @@
+"""The plan: the worked example of the README (a 1T target that does not fit) and the estimates."""
+
+import json
+
+import pytest
+
+from draftsmith import plan
+from draftsmith.config import load_layers, validate_config
+from draftsmith.datasets import Prompt
+from draftsmith.target import Facts
+from tests.conftest import REPO
+
+KIMI = Facts(num_layers=61, hidden_size=7168, vocab_size=163840, max_position_embeddings=262144, model_type="kimi_k2")
+
+
+def kimi_config(tmp_path):
+    user = {"datasets": {"regenerated": {"source": "prompts.jsonl", "generation": {"max_tokens": 8192}}},
+            "tokenize": {"max_length": 10240}, "train": {"total_seq_len": 10240, "epochs": 5, "gpus": 1},
+            "server": {"max_model_len": 16384, "gpus": 8},
+            "plan": {"free_tb": 2.9, "gpu_hour_cost": 2.5,
+                     "throughput": {"generation_tok_s": 6000, "extraction_tok_s": 40000, "training_tok_s": 30000}}}
+    path = tmp_path / "kimi.yaml"
+    path.write_text(json.dumps(user))
+    return validate_config(load_layers(REPO / "config" / "config.yaml", [path], {}))
+
+
+def test_the_worked_example_lands_near_the_hand_estimate_and_does_not_fit(tmp_path):
+    config = kimi_config(tmp_path)
+    prompts = [Prompt(f"p{i}", ["x"]) for i in range(25_000)]
+    ds = plan.plan_dataset("regenerated", config["datasets"]["regenerated"], prompts, prompt_tokens=150,
+                           fraction=0.5, journal_dir=tmp_path / "none", max_length=10240)
+    assert ds.completion_per_sample == 4096 and ds.samples == 25_000
+    throughput = plan.measured_throughput(tmp_path / "results", config["plan"]["throughput"])
+    markdown, data = plan.render([ds], KIMI, config, throughput, 2.9e12, "plan.free_tb")
+    # The hand estimate: 25K samples x ~4K completion tokens x (3 + 1) x 7168 x 2 bytes = 5.87e12 B = 5.3 TiB.
+    assert data["needed_bytes"] == pytest.approx(25_000 * (4096 + 150) * (4 * 7168 * 2 + 8), rel=1e-6)
+    assert 5.2 < data["needed_bytes"] / 2**40 < 6.0  # TiB, vs ~5.4 estimated by hand
+    assert not data["fits"] and "**it does not fit.**" in markdown
+    assert "hidden_states: {mode: online}" in markdown and "about 11,313 fit" in markdown
+    assert "| generate | 102,400,000 completion tokens | 6,000 tok/s (configured) | 4.7 h | 95 |" in markdown
+    assert "| train | 530,750,000 sequence tokens x epochs | 30,000 tok/s (configured) | 4.9 h | 12 |" in markdown
+
+
+def test_a_budget_and_measured_answers_refine_the_estimate(tmp_path):
+    config = kimi_config(tmp_path)
+    entry = {**config["datasets"]["regenerated"], "token_budget": 1_000_000}
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / "regenerated-abc.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "status": "ok", "usage": {"completion_tokens": 1000}}) + "\n" for i in range(10)))
+    ds = plan.plan_dataset("regenerated", entry, [Prompt(f"p{i}", ["x"]) for i in range(5000)], 100, 0.5, journal,
+                           10240)
+    assert ds.completion_per_sample == 1000 and ds.samples == 1000  # the budget stops at 1M tokens
+    assert ds.prior_completion_tokens == pytest.approx(1_000_000)  # from the config alone: 244 x 4096
+    assert "measured over 10 answers" in ds.completion_source
+
+
+def test_online_mode_needs_no_disk(tmp_path):
+    config = kimi_config(tmp_path)
+    config["hidden_states"]["mode"] = "online"
+    ds = plan.plan_dataset("r", config["datasets"]["regenerated"], [Prompt("a", ["x"])] * 25_000, 150, 0.5,
+                           tmp_path, 10240)
+    _, data = plan.render([ds], KIMI, config, plan.measured_throughput(tmp_path, {}), 2.9e12, "x")
+    assert data["needed_bytes"] == 0 and data["fits"]
