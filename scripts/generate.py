@@ -36,11 +36,23 @@ def main() -> None:
     with context as server:
         health = HealthPolicy(max_consecutive_failures=gen["max_consecutive_connection_failures"],
                               outage_grace_s=gen["outage_grace_s"])
-        client = make_client(server.base_url if server else gen["base_urls"], served, settings, gen["api_key_env"],
+        client = make_client(server.base_url if server else external_urls(gen), served, settings, gen["api_key_env"],
                              gen["headers"], health=health, max_retry_after_s=gen["max_retry_after_s"])
         stats = asyncio.run(_generate(prompts, client, settings, outputs, limits, name,
                                       server.exit_message if server else None))
     log.info("%s: %s", name, stats)
+
+
+def external_urls(gen: dict) -> list[str]:
+    """The configured URLs and those published by server jobs (one per file matching url_files)."""
+    urls = list(gen["base_urls"])
+    for pattern in gen["url_files"]:
+        for path in sorted(Path().glob(pattern)):
+            urls += [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not urls:
+        raise ValueError(f"generation_server: no endpoint: base_urls is empty and no file matching {gen['url_files']} "
+                         "holds a URL (is a `python -m draftsmith.serve` job running?)")
+    return urls
 
 
 async def _generate(prompts, client, settings, outputs, limits, name, server_exit):
@@ -52,5 +64,5 @@ async def _generate(prompts, client, settings, outputs, limits, name, server_exi
 
 
 if __name__ == "__main__":
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(main, sm.log.main)

@@ -1,0 +1,110 @@
+"""The workflow through a real SLURM (tests/slurm/setup.sh makes a local one-node cluster).
+
+One run of the e2e config through the slurm profile, with the faults of a cluster on the way:
+the first generate job of `everyday` hits its runtime limit (SLURM signals it, then kills it),
+the train job is scancel'ed after a few steps; the rerun resumes both. Skipped, with the reason,
+where no SLURM answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.e2e.conftest import CONFIG
+
+pytestmark = pytest.mark.e2e
+
+
+def slurm_answers() -> str | None:
+    if not shutil.which("sinfo"):
+        return "no sinfo on this machine (run tests/slurm/setup.sh as root to make a local cluster)"
+    proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    if proc.returncode != 0 or not re.search(r"idle|mix|alloc", proc.stdout):
+        return f"sinfo does not show a usable node: {proc.stdout.strip() or proc.stderr.strip()}"
+    return None
+
+
+REASON = slurm_answers()
+if REASON:
+    print(f"\nSLURM tests skipped: {REASON}", file=sys.stderr)
+skip = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+
+def snakemake_slurm(work: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile",
+           str(config), "--profile", str(REPO / "profiles" / "slurm"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
+
+
+def slurm_jobs_named(rule: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if f"rule_{rule}" in line]
+
+
+class CancelTrainAfterSteps(threading.Thread):
+    """scancel the train job once its log shows a few optimizer steps (a cluster operator's scancel)."""
+
+    def __init__(self, work: Path, steps: int):
+        super().__init__(daemon=True)
+        self.work, self.steps, self.cancelled_at_step = work, steps, None
+
+    def run(self) -> None:
+        log = self.work / "logs" / "train.log"
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline and self.cancelled_at_step is None:
+            steps = re.findall(r"'global_step': (\d+)", log.read_text()) if log.exists() else []
+            jobs = slurm_jobs_named("train")
+            if jobs and len(steps) >= self.steps:
+                subprocess.run(["scancel", *jobs], check=False)
+                self.cancelled_at_step = int(steps[-1])
+            time.sleep(0.5)
+
+
+@skip
+def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_path):
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["datasets"]["everyday"].update(max_samples=64, generation={"max_tokens": 160, "concurrency": 8})
+    cfg["train"]["epochs"] = 2
+    config = tmp_path / "slurm.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    work = tmp_path / "work"
+    canceller = CancelTrainAfterSteps(work, steps=4)
+    canceller.start()
+    started = time.monotonic()
+    # A runtime limit of one minute cuts the everyday generate job (its server alone starts in ~30 s).
+    first = snakemake_slurm(work, config, "--set-resources", "generate:runtime=1", "--keep-going")
+    assert first.returncode != 0, "the faults should have stopped the first run"
+    journal = next((work / "results" / "responses" / ".journal").glob("everyday-*.jsonl"))
+    journaled = {json.loads(line)["id"] for line in journal.read_text().splitlines() if line.endswith("}")}
+    assert 0 < len(journaled) < 64, len(journaled)
+    rerun = snakemake_slurm(work, config)
+    wall = time.monotonic() - started
+    assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
+    # Generation resumed from its journal: nothing journaled was sent again.
+    stats = json.loads((work / "results" / "responses" / "everyday.stats.json").read_text())
+    assert stats["records"] == 64 and stats["prompts_sent_this_run"] == 64 - len(journaled)
+    # Training was scancel'ed mid-epoch and resumed from the checkpoint that stop left.
+    assert canceller.cancelled_at_step is not None
+    train_log = (work / "logs" / "train.log").read_text()
+    assert "training was interrupted" in train_log and "Resuming mid-epoch" in train_log
+    # Every job ran as a SLURM job: its log is under logs/slurm, and the controller saw it.
+    rules = {p.name.removeprefix("rule_") for p in (work / "logs" / "slurm").iterdir()}
+    assert {"prepare_target", "preflight", "prompts", "generate", "tokenize", "hidden_states", "merge", "vocab",
+            "train", "export", "evaluate", "report"} <= rules
+    assert (work / "results" / "report" / "report.md").exists()
+    gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
+    assert gate["passed"]
+    print(f"\nSLURM run: {wall:.0f} s wall (both attempts); generate resent {stats['prompts_sent_this_run']} of 64 "
+          f"after the runtime limit ({len(journaled)} journaled); train cancelled at step "
+          f"{canceller.cancelled_at_step}", file=sys.stderr)
