@@ -6,6 +6,14 @@ min_version("9.0")
 
 
 include: "rules/common.smk"
+
+
+wildcard_constraints:
+    dataset="|".join(DATASETS),
+    generated="|".join(GENERATED) or "^$",
+    pretokenized="|".join(PRETOKENIZED) or "^$",
+
+
 include: "rules/model.smk"
 include: "rules/prompts.smk"
 include: "rules/generate.smk"
@@ -13,6 +21,7 @@ include: "rules/tokenize.smk"
 include: "rules/hidden_states.smk"
 include: "rules/train.smk"
 include: "rules/evaluate.smk"
+include: "rules/plan.smk"
 
 
 rule all:

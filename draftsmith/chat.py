@@ -197,7 +197,7 @@ def check_turns(renderer: Renderer, messages: list[dict], turns: list[dict], row
         if facts.get("token_ids") is not None:
             ours, produced = supervised[k], facts["token_ids"]
             text, model_text = renderer.tokenizer.decode(ours), renderer.tokenizer.decode(produced)
-            first = next((j for j, (a, b) in enumerate(zip(text, model_text)) if a != b),
+            first = next((j for j, (a, b) in enumerate(zip(text, model_text, strict=False)) if a != b),
                          min(len(text), len(model_text)))
             checks.note("answer", text == model_text, record_id, k,
                         f"the supervised text differs from the model's at character {first}: "

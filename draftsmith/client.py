@@ -19,6 +19,7 @@ Works against vLLM, SGLang or a hosted API. What it guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import time
@@ -139,10 +140,8 @@ class EndpointPool:
                 return endpoint
             self._tick()
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=0.5)
-            except TimeoutError:
-                pass
 
     def release(self, endpoint: Endpoint, *, connection_failed: bool, reason: str = "") -> None:
         endpoint.in_flight -= 1

@@ -138,6 +138,8 @@ def _where(error: jsonschema.ValidationError) -> str:
 
 
 def _message(error: jsonschema.ValidationError) -> str:
+    if isinstance(error.schema, dict) and "x-message" in error.schema:
+        return error.schema["x-message"]
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown key(s)")
     return error.message

@@ -37,7 +37,7 @@ def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 
 def prompt_key(prompt: Prompt) -> str:
-    return "\x1f".join(normalize(t) for t in ([prompt.system or ""] + prompt.turns))
+    return "\x1f".join(normalize(t) for t in [prompt.system or "", *prompt.turns])
 
 
 @dataclass

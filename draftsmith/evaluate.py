@@ -88,6 +88,20 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         await client.aclose()
 
 
+async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int], int]], concurrency: int) -> int:
+    """Greedy continuations of token-id prompts (``/v1/completions``); returns the tokens generated."""
+    slots = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=base_url, timeout=3600) as http:
+        async def one(ids: list[int], max_tokens: int) -> int:
+            async with slots:
+                body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0}
+                response = await http.post("/completions", json=body)
+                response.raise_for_status()
+                return response.json()["usage"]["completion_tokens"]
+
+        return sum(await asyncio.gather(*(one(ids, n) for ids, n in rows)))
+
+
 def root_of(base_url: str) -> str:
     return base_url.removesuffix("/v1")
 

@@ -8,9 +8,10 @@
   original EAGLE-3 one: a drafter trained with speculators' extra norms (``norm_before_residual``,
   ``norm_before_fc``, ``norm_output``) or more than one layer computes something else there, so
   it is refused rather than exported wrong.
-- **Gate**: vLLM loads the exported drafter and serves a few prompts; the export fails when the
-  drafter does not load, drafts nothing, or accepts far less than its validation accuracy says
-  it should (the signature of a broken vocabulary mapping).
+- **Gate**: vLLM loads the exported drafter and continues a few validation rows from their prompt
+  tokens at temperature 0 (the target then writes the answers the drafter was validated on);
+  the export fails when the drafter does not load, drafts nothing, or accepts far less than its
+  validation accuracy says it should (the signature of a broken vocabulary mapping).
 """
 
 from __future__ import annotations
@@ -113,6 +114,26 @@ def export_sglang(checkpoint: Path, out_dir: Path) -> dict:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(sglang_config(config), indent=2, sort_keys=True) + "\n")
     return {"tensors": sorted(weights)}
+
+
+def gate_rows(merged: Path, count: int, max_tokens: int = 64) -> list[tuple[list[int], int]]:
+    """``(prompt token ids, tokens to generate)`` of the first validation rows: the ids before the
+    first supervised token, and as many tokens as that first answer has (capped)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from draftsmith.merge import VALIDATION
+
+    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "split"])
+    table = table.filter(pc.equal(table.column("split"), VALIDATION))
+    rows = []
+    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(), strict=True):
+        start = mask.index(1)
+        end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
+        rows.append((ids[:start], min(end - start, max_tokens)))
+        if len(rows) == count:
+            break
+    return rows
 
 
 def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1) -> tuple[bool, str]:

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
+from safetensors import safe_open
 from safetensors.torch import save, save_file
 
 from draftsmith.digest import ids_digest, json_digest

@@ -112,8 +112,9 @@ def _evaluation(results: dict) -> list[str]:
         for label, measured in run["drafters"].items():
             acc = measured["acceptance"]
             per_pos = ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"])
+            base = _fmt(run["baseline"]["output_tok_s"], ".1f")
             lines.append(f"| {run['set']} | {run['temperature']:g} | {run['prompts']} | {label} | "
-                         f"{_fmt(acc['tau_pooled'], '.3f')} | {per_pos} | {_fmt(run['baseline']['output_tok_s'], '.1f')} | "
+                         f"{_fmt(acc['tau_pooled'], '.3f')} | {per_pos} | {base} | "
                          f"{_fmt(measured['output_tok_s'], '.1f')} | {_fmt(measured['speedup'], '.2f')}× |")
     return lines
 
@@ -124,16 +125,18 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     chosen = training.get("chosen", {})
     hs = training.get("hidden_states", {})
     warm = training.get("warm_start")
+    layout = f" ({hs.get('layout')} layout)" if hs.get("layout") else ""
+    start = f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."
+    exported = chosen["epoch"] + 1 if chosen.get("epoch") is not None else None
     lines = ["## Drafter training", "",
              f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators EAGLE-3"
-             f"{' on CPU' if training['on_cpu'] else ''}; hidden states **{hs.get('mode')}**"
-             + (f" ({hs.get('layout')} layout)" if hs.get("layout") else "") + f", target layers {hs.get('aux_layers')}."
-             + (f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."),
+             f"{' on CPU' if training['on_cpu'] else ''}; hidden states **{hs.get('mode')}**{layout}, target layers "
+             f"{hs.get('aux_layers')}.{start}",
              "",
              f"Vocabulary mapping: {vocab['source']}; draft vocabulary {vocab['draft_vocab_size']} of "
              f"{vocab['target_vocab_size']}, covering {vocab['coverage']:.1%} of the supervised training tokens "
              f"(d2t sha256 `{vocab['d2t_sha256'][:12]}…`).", "",
-             f"**Exported: epoch {_fmt(chosen.get('epoch', 0) + 1 if chosen.get('epoch') is not None else None, 'd')}** "
+             f"**Exported: epoch {_fmt(exported, 'd')}** "
              f"({chosen.get('reason', '–')}). Export gate: {'passed' if gate.get('passed') else 'FAILED'}, "
              f"{gate.get('verdict', '–')}.", "",
              "Validation per epoch (full_acc_k: the first k+1 drafted tokens all match the target; simulated "
@@ -159,7 +162,8 @@ def _data(prompt_stats: dict[str, dict], merge_stats: dict) -> list[str]:
     for name, mix in merge_stats["datasets"].items():
         st = prompt_stats.get(name, {})
         dropped = st.get("dropped", {})
-        lines.append(f"| {name} | {st.get('rows_read', '–')} | {st.get('rejected_rows', '–')} | {st.get('kept', '–')} | "
+        read = f"{st.get('rows_read', '–')} | {st.get('rejected_rows', '–')} | {st.get('kept', '–')}"
+        lines.append(f"| {name} | {read} | "
                      f"{dropped.get('exact', 0)} | {dropped.get('ngram', 0)} | {dropped.get('duplicate', 0)} | "
                      f"{mix['weight']} | {mix['train_rows']} | {mix['validation_rows']} | "
                      f"{mix['train_supervised_tokens']} |")

@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-
 from pathlib import Path
 
 from draftsmith.client import RequestFailed

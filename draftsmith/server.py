@@ -6,6 +6,7 @@ workers vLLM forks; it is stopped on success, on error and on SIGTERM from Snake
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
@@ -130,10 +131,8 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[RunningServer]:
 def _die_with_parent() -> None:
     """Runs in the server's process before exec: if this job is killed -9, the kernel SIGTERMs the
     server, so no orphaned server holds the GPUs (Linux; a no-op elsewhere)."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _raise_keyboard_interrupt(signum, frame):
@@ -168,10 +167,8 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def tail(path: Path, lines: int = 30) -> str:

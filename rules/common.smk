@@ -7,23 +7,31 @@ sys.path.insert(0, workflow.basedir)  # the draftsmith package, when not pip-ins
 from draftsmith import preflight, target as targets
 from draftsmith.config import ConfigError, load_layers, result_view, validate_config
 
-
 # The config is layered here rather than with `configfile:`: a user's datasets and evaluation
 # prompt sets replace the embedded ones instead of being added to them (see draftsmith/config.py).
-CONFIG_FILES = [Path(workflow.basedir) / "config" / "config.yaml", *map(Path, workflow.overwrite_configfiles)]
+CONFIG_FILES = [
+    Path(workflow.basedir) / "config" / "config.yaml",
+    *map(Path, workflow.overwrite_configfiles),
+]
 try:
     _validated = validate_config(
-        load_layers(CONFIG_FILES[0], CONFIG_FILES[1:], dict(workflow.config_settings.config))
+        load_layers(
+            CONFIG_FILES[0], CONFIG_FILES[1:], dict(workflow.config_settings.config)
+        )
     )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()
 config.update(_validated)
-print("draftsmith: config read from " + ", ".join(map(str, CONFIG_FILES)), file=sys.stderr)
+print(
+    "draftsmith: config read from " + ", ".join(map(str, CONFIG_FILES)), file=sys.stderr
+)
 
 BASE_DIR = Path(workflow.basedir)
 TARGET = targets.resolve(config["target"], BASE_DIR)
-RESULT = result_view(config)  # what rule params are made of: no operational setting reruns a job
+RESULT = result_view(
+    config
+)  # params are made of this view, so no operational setting reruns a job
 DATASETS = sorted(config["datasets"])
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
@@ -33,15 +41,14 @@ if _problems:
     raise WorkflowError(str(preflight.PreflightError(_problems)))
 
 
-wildcard_constraints:
-    dataset="|".join(DATASETS),
-    generated="|".join(GENERATED) or "^$",
-    pretokenized="|".join(PRETOKENIZED) or "^$",
-
-
 def target_input(wildcards=None):
     """The target as a job input: the prepared folder (GGUF) or the local folder; nothing for hub ids."""
     return [TARGET.model] if TARGET.kind != "hub" else []
+
+
+def gguf_input(wildcards=None):
+    """A local .gguf target as prepare_target's input (a package's GGUF moves with the venv)."""
+    return [] if TARGET.source.startswith("package:") else [TARGET.source]
 
 
 def local_file(source):
@@ -56,17 +63,34 @@ def dataset_source(wildcards):
 
 
 def evaluation_sources(wildcards=None):
-    return [f for entry in config["evaluation"]["prompt_sets"].values() for f in local_file(entry["source"])]
+    return [
+        f
+        for entry in config["evaluation"]["prompt_sets"].values()
+        for f in local_file(entry["source"])
+    ]
 
 
 def earlier_sources(wildcards):
     """Sources of the datasets before this one: a prompt they hold is dropped from this one."""
     if not config["decontamination"]["dedupe_across_datasets"]:
         return []
-    return [f for d in GENERATED if d < wildcards.generated for f in local_file(config["datasets"][d]["source"])]
+    return [
+        f
+        for d in GENERATED
+        if d < wildcards.generated
+        for f in local_file(config["datasets"][d]["source"])
+    ]
 
 
-SOURCE_KEYS = ("source", "format", "prompt_field", "id_field", "skip", "max_samples", "max_prompt_chars")
+SOURCE_KEYS = (
+    "source",
+    "format",
+    "prompt_field",
+    "id_field",
+    "skip",
+    "max_samples",
+    "max_prompt_chars",
+)
 
 
 def source_slice(entry):
@@ -77,10 +101,14 @@ def prompts_params(wildcards):
     earlier = [d for d in GENERATED if d < wildcards.generated]
     return {
         "dataset": source_slice(config["datasets"][wildcards.generated]),
-        "earlier": {d: source_slice(config["datasets"][d]) for d in earlier}
-        if config["decontamination"]["dedupe_across_datasets"]
-        else {},
-        "evaluation": {n: source_slice(e) for n, e in config["evaluation"]["prompt_sets"].items()},
+        "earlier": (
+            {d: source_slice(config["datasets"][d]) for d in earlier}
+            if config["decontamination"]["dedupe_across_datasets"]
+            else {}
+        ),
+        "evaluation": {
+            n: source_slice(e) for n, e in config["evaluation"]["prompt_sets"].items()
+        },
         "decontamination": RESULT["decontamination"],
     }
 
@@ -103,7 +131,11 @@ def generation_model_name():
 
 
 def generation_gpus():
-    return config["server"]["gpus"] if config["generation_server"]["mode"] == "managed" else 0
+    return (
+        config["server"]["gpus"]
+        if config["generation_server"]["mode"] == "managed"
+        else 0
+    )
 
 
 PREFLIGHT = "results/checks/preflight.json"
@@ -118,7 +150,11 @@ def pretrained_input(wildcards=None):
 
 
 def manifests(wildcards=None):
-    return [] if ONLINE else expand("results/hidden_states/{dataset}/manifest.json", dataset=DATASETS)
+    return (
+        []
+        if ONLINE
+        else expand("results/hidden_states/{dataset}/manifest.json", dataset=DATASETS)
+    )
 
 
 def train_gpus():

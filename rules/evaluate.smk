@@ -9,9 +9,6 @@ rule evaluate:
         pretrained=pretrained_input,
     output:
         results="results/evaluation/results.json",
-    params:
-        evaluation=RESULT["evaluation"],
-        server=RESULT["server"],
     log:
         main="logs/evaluate/evaluate.log",
         baseline="logs/evaluate/baseline.server.log",
@@ -23,6 +20,9 @@ rule evaluate:
         gpu=config["server"]["gpus"],
         mem_mb=config["server"]["mem_mb"],
         runtime=12 * 60,
+    params:
+        evaluation=RESULT["evaluation"],
+        server=RESULT["server"],
     script:
         "../scripts/evaluate.py"
 

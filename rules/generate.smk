@@ -8,12 +8,6 @@ rule generate:
         responses="results/responses/{generated}.jsonl",
         stats="results/responses/{generated}.stats.json",
         errors="results/responses/{generated}.errors.jsonl",
-    params:
-        dataset=generation_params,
-        model_name=generation_model_name(),
-        chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
-        server=RESULT["server"],
-        journal_dir="results/responses/.journal",
     log:
         main="logs/generate/{generated}.log",
         server="logs/generate/{generated}.server.log",
@@ -24,5 +18,11 @@ rule generate:
         gpu=generation_gpus(),
         mem_mb=config["server"]["mem_mb"],
         runtime=24 * 60,
+    params:
+        dataset=generation_params,
+        model_name=generation_model_name(),
+        chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
+        server=RESULT["server"],
+        journal_dir="results/responses/.journal",
     script:
         "../scripts/generate.py"

@@ -8,9 +8,6 @@ rule hidden_states:
         preflight=ancient(PREFLIGHT),
     output:
         manifest="results/hidden_states/{dataset}/manifest.json",
-    params:
-        hidden_states=RESULT["hidden_states"],
-        server=RESULT["server"],
     log:
         main="logs/hidden_states/{dataset}.log",
         server="logs/hidden_states/{dataset}.server.log",
@@ -21,5 +18,8 @@ rule hidden_states:
         gpu=config["server"]["gpus"],
         mem_mb=config["server"]["mem_mb"],
         runtime=24 * 60,
+    params:
+        hidden_states=RESULT["hidden_states"],
+        server=RESULT["server"],
     script:
         "../scripts/hidden_states.py"

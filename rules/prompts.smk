@@ -4,18 +4,17 @@ rule prompts:
         source=dataset_source,
         evaluation=evaluation_sources,
         earlier=earlier_sources,
-        preflight=ancient(PREFLIGHT),
     output:
         prompts="results/prompts/{generated}.jsonl",
         rejects="results/prompts/{generated}.rejects.jsonl",
         stats="results/prompts/{generated}.stats.json",
-    params:
-        prompts_params,
     log:
         "logs/prompts/{generated}.log",
     threads: 1
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        prompts_params,
     script:
         "../scripts/prompts.py"

@@ -7,15 +7,15 @@ rule tokenize:
         table="results/tokenized/{generated}.parquet",
         rejects="results/tokenized/{generated}.rejects.jsonl",
         stats="results/tokenized/{generated}.stats.json",
-    params:
-        tokenize=RESULT["tokenize"],
-        chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
     log:
         "logs/tokenize/{generated}.log",
     threads: 1
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        tokenize=RESULT["tokenize"],
+        chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
     script:
         "../scripts/tokenize.py"
 
@@ -30,15 +30,15 @@ rule import_tokenized:
         table="results/tokenized/{pretokenized}.parquet",
         rejects="results/tokenized/{pretokenized}.rejects.jsonl",
         stats="results/tokenized/{pretokenized}.stats.json",
-    params:
-        dataset=pretokenized_params,
-        max_length=RESULT["tokenize"]["max_length"],
     log:
         "logs/tokenize/{pretokenized}.log",
     threads: 1
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        dataset=pretokenized_params,
+        max_length=RESULT["tokenize"]["max_length"],
     script:
         "../scripts/import_tokenized.py"
 
@@ -50,14 +50,14 @@ rule merge:
     output:
         table="results/merged/train.parquet",
         stats="results/merged/stats.json",
-    params:
-        merge=RESULT["merge"],
-        weights={d: RESULT["datasets"][d]["weight"] for d in DATASETS},
     log:
         "logs/merge.log",
     threads: 1
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        merge=RESULT["merge"],
+        weights={d: RESULT["datasets"][d]["weight"] for d in DATASETS},
     script:
         "../scripts/merge.py"

@@ -5,16 +5,16 @@ rule import_pretrained:
         preflight=ancient(PREFLIGHT),
     output:
         check=f"{PRETRAINED}/check.json",
-    params:
-        source=config["train"]["from_pretrained"],
-        aux_layers=RESULT["hidden_states"]["aux_layers"],
-        sglang=RESULT["export"]["sglang"] is True,
     log:
         "logs/import_pretrained.log",
     threads: 1
     resources:
         mem_mb=8000,
         runtime=60,
+    params:
+        source=config["train"]["from_pretrained"],
+        aux_layers=RESULT["hidden_states"]["aux_layers"],
+        sglang=RESULT["export"]["sglang"] is True,
     script:
         "../scripts/import_pretrained.py"
 
@@ -29,15 +29,15 @@ rule vocab:
         d2t="results/vocab/d2t.npy",
         t2d="results/vocab/t2d.npy",
         stats="results/vocab/stats.json",
-    params:
-        vocab=RESULT["vocab"],
-        warm_start=WARM_START,
     log:
         "logs/vocab.log",
     threads: 1
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        vocab=RESULT["vocab"],
+        warm_start=WARM_START,
     script:
         "../scripts/vocab.py"
 
@@ -54,11 +54,6 @@ rule train:
         pretrained=pretrained_input,
     output:
         summary="results/train/training.json",
-    params:
-        train=RESULT["train"],
-        hidden_states=RESULT["hidden_states"],
-        server=RESULT["server"],
-        runs_dir="results/train_runs",
     log:
         main="logs/train.log",
         server="logs/train.server.log",
@@ -69,6 +64,11 @@ rule train:
         gpu=train_gpus(),
         mem_mb=config["train"]["mem_mb"],
         runtime=48 * 60,
+    params:
+        train=RESULT["train"],
+        hidden_states=RESULT["hidden_states"],
+        server=RESULT["server"],
+        runs_dir="results/train_runs",
     script:
         "../scripts/train.py"
 
@@ -78,15 +78,12 @@ rule export:
     input:
         model=target_input,
         summary="results/train/training.json",
-        prompts=evaluation_sources,
+        table="results/merged/train.parquet",
     output:
         weights="results/drafter/final.safetensors",
         config="results/drafter/config.json",
         gate="results/drafter/gate.json",
         sglang=directory("results/drafter/sglang"),
-    params:
-        export=RESULT["export"],
-        evaluation=RESULT["evaluation"]["prompt_sets"],
     log:
         main="logs/export.log",
         server="logs/export.server.log",
@@ -95,5 +92,7 @@ rule export:
         gpu=config["server"]["gpus"],
         mem_mb=config["server"]["mem_mb"],
         runtime=60,
+    params:
+        export=RESULT["export"],
     script:
         "../scripts/export.py"

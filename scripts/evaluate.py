@@ -6,7 +6,7 @@ from draftsmith import evaluate as ev
 from draftsmith.atomic import write_json
 from draftsmith.datasets import load_configured
 from draftsmith.runner import base_dir, run, target_of
-from draftsmith.server import managed_server, spec_from_config
+from draftsmith.server import managed_server
 
 log = logging.getLogger("draftsmith.evaluate")
 
@@ -47,5 +47,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(main, sm.log.main, sm.threads)

@@ -6,8 +6,7 @@ from pathlib import Path
 from draftsmith import evaluate as ev
 from draftsmith import export as ex
 from draftsmith.atomic import write_json, write_text
-from draftsmith.datasets import load_configured
-from draftsmith.runner import base_dir, run, target_of
+from draftsmith.runner import run, target_of
 from draftsmith.server import managed_server, spec_from_config
 
 log = logging.getLogger("draftsmith.export")
@@ -17,19 +16,13 @@ class GateFailed(ValueError):
     pass
 
 
-def gate_prompts(count):
-    prompts = []
-    for entry in sm.params.evaluation.values():
-        prompts += load_configured(entry, base_dir(sm)).prompts
-    return prompts[:count]
-
-
 def main() -> None:
     summary = json.loads(Path(sm.input.summary).read_text())
     checkpoint, model = Path(summary["checkpoint"]), target_of(sm).model
     drafter = Path(sm.output.weights).parent
     ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config), verifier_ref=model)
-    sglang, why_not = sm.params.export["sglang"], ex.sglang_refusal(json.loads((checkpoint / "config.json").read_text()))
+    sglang = sm.params.export["sglang"]
+    why_not = ex.sglang_refusal(json.loads((checkpoint / "config.json").read_text()))
     if sglang is True or (sglang == "auto" and not why_not):
         ex.export_sglang(checkpoint, Path(sm.output.sglang))
     else:
@@ -40,22 +33,22 @@ def main() -> None:
     chosen = next((v for v in summary["validation"] if v["epoch"] == summary["chosen"]["epoch"]), {})
     expected = chosen.get("full_acc_0_epoch")
     spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
-    prompts = gate_prompts(sm.config["export"]["gate_prompts"])
+    rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
     with managed_server(spec_from_config(model, sm.config["server"], speculative_config=spec),
                         Path(sm.log.server)) as server:
         root = ev.root_of(server.base_url)
         before = ev.scrape_spec_counters(root)
-        asyncio.run(ev.run_set(server.base_url, model, prompts, {"max_tokens": 32, "temperature": 0.0}, 2))
+        asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
         acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
     passed, verdict = ex.gate_verdict(acceptance, expected)
     write_json(sm.output.gate, {"passed": passed, "verdict": verdict, "acceptance": acceptance,
                                 "validation_full_acc_0": expected, "epoch": summary["chosen"]["epoch"],
-                                "prompts": len(prompts)})
+                                "validation_rows": len(rows)})
     log.info("gate: %s", verdict)
     if not passed:
         raise GateFailed(f"export gate: {verdict}")
 
 
 if __name__ == "__main__":
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(main, sm.log.main, sm.threads)

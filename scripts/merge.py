@@ -13,5 +13,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(main, sm.log[0])

@@ -4,5 +4,5 @@ from draftsmith.model_prep import prepare_gguf
 from draftsmith.runner import run, target_of
 
 if __name__ == "__main__":
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(lambda: prepare_gguf(target_of(sm).gguf_file(), Path(sm.output[0])), sm.log[0], sm.threads)

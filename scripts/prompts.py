@@ -26,12 +26,12 @@ def main() -> None:
                for q in load_configured(sm.config["datasets"][d], root, apply_max_samples=False).prompts}
     selection = dc.select(loaded.prompts, index, decon["max_overlap"], earlier)
     write_prompts(selection.kept, Path(sm.output.prompts))
-    stats = {"dataset": name, "rows_read": len(loaded.prompts) + len(loaded.rejects), "rejected_rows": len(loaded.rejects),
-             **selection.stats()}
+    stats = {"dataset": name, "rows_read": len(loaded.prompts) + len(loaded.rejects),
+             "rejected_rows": len(loaded.rejects), **selection.stats()}
     write_json(sm.output.stats, stats)
     log.info("%s: %s", name, stats)
 
 
 if __name__ == "__main__":
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(main, sm.log[0])

@@ -76,8 +76,11 @@ def main() -> None:
         epoch["simulated_tau"] = tr.simulated_tau(epoch)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \
         tr.choose_checkpoint(run_dir / "checkpoints", validation[-1:])
+    split = pq.read_table(merged, columns=["seq_len", "split"]).to_pylist()
+    trained_tokens = cfg["epochs"] * sum(r["seq_len"] for r in split if r["split"] == "train")
     write_json(sm.output.summary, {
         "run_key": key, "checkpoint": str(checkpoint), "chosen": choice, "rows": rows, "on_cpu": on_cpu,
+        "trained_tokens": trained_tokens,
         "hidden_states": {"mode": hs_cfg["mode"], "layout": None if online else hs_cfg["layout"], "aux_layers": aux},
         "warm_start": json.loads((pretrained / "check.json").read_text()) if pretrained else None,
         "speculators_argv": argv, "validation": validation})
@@ -85,5 +88,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
-    sm = snakemake  # noqa: F821 - injected by Snakemake
+    sm = snakemake
     run(main, sm.log.main, sm.threads)

@@ -52,7 +52,7 @@ class FaultServer:
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.port = site._server.sockets[0].getsockname()[1]
         ready.set()
         self._loop.run_forever()
 

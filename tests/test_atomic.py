@@ -5,10 +5,9 @@ from draftsmith.atomic import atomic_path, write_json
 
 def test_failed_write_leaves_no_file_and_no_temporary(tmp_path):
     dest = tmp_path / "out.json"
-    with pytest.raises(RuntimeError):
-        with atomic_path(dest) as tmp:
-            tmp.write_text("half")
-            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError), atomic_path(dest) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -4,10 +4,18 @@ import json
 
 import pytest
 
-from draftsmith.chat import (Renderer, RoundTripError, TemplateError, TokenizeSettings, build_rows, choose_layout,
-                             prepare_messages, tokenize_file)
-from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
+from draftsmith.chat import (
+    Renderer,
+    RoundTripError,
+    TemplateError,
+    TokenizeSettings,
+    build_rows,
+    choose_layout,
+    prepare_messages,
+    tokenize_file,
+)
 from draftsmith.datasets import Prompt
+from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
 from tests.sim.reasoning_server import TEMPLATE, ReasoningSim, SimSettings
 
 

@@ -42,14 +42,15 @@ def test_bad_config_names_the_key(path, value, expected):
     assert expected in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["config/config.yaml", "tests/e2e/config.yaml"])
+@pytest.mark.parametrize("name", ["config/config.yaml", "tests/e2e/config.yaml", "config/examples/finetune.yaml"])
 def test_shipped_configs_validate(name):
     validate_config(load_layers(DEFAULT, [REPO / name], {}))
 
 
 def test_external_generation_needs_an_endpoint():
-    with pytest.raises(ConfigError, match="generation_server.base_urls: \\[\\] should be non-empty"):
+    with pytest.raises(ConfigError, match="generation_server: mode external needs at least one endpoint"):
         validate_config({**MINIMAL, "generation_server": {"mode": "external"}})
+    validate_config({**MINIMAL, "generation_server": {"mode": "external", "url_files": ["results/servers/*.url"]}})
     cfg = validate_config({**MINIMAL, "generation_server": {"mode": "external", "base_urls": ["https://x/v1"],
                                                              "api_key_env": "OPENROUTER_API_KEY"}})
     assert cfg["generation_server"]["engine"] == "vllm"
@@ -79,7 +80,7 @@ def test_a_config_file_with_a_byte_order_mark_or_no_mapping(tmp_path):
     bom.write_bytes("\ufefftrain: {epochs: 2}\n".encode())
     assert load_layers(DEFAULT, [bom], {})["train"]["epochs"] == 2
     (tmp_path / "list.yaml").write_text("- a\n")
-    with pytest.raises(ConfigError, match="list.yaml: a config file must hold a mapping"):
+    with pytest.raises(ConfigError, match=r"list.yaml: a config file must hold a mapping"):
         load_layers(DEFAULT, [tmp_path / "list.yaml"], {})
 
 
@@ -114,7 +115,8 @@ def test_a_good_config_has_no_problem(tmp_path):
 @pytest.mark.parametrize("overrides, expected", [
     ({"evaluation": {"prompt_sets": {"x": {"source": "config/prompts/nothing.jsonl"}}}},
      "evaluation.prompt_sets.x.source: /.*config/prompts/nothing.jsonl does not exist"),
-    ({"hidden_states": {"aux_layers": [2, 15, 99]}}, r"hidden_states.aux_layers \[2, 15, 99\]: the target has 30 layers"),
+    ({"hidden_states": {"aux_layers": [2, 15, 99]}},
+     r"hidden_states.aux_layers \[2, 15, 99\]: the target has 30 layers"),
     ({"target": {"source": "models/missing.gguf"}}, "target.source: .*models/missing.gguf does not exist"),
     ({"datasets": {"e": {"source": "config/prompts/everyday.jsonl", "generation": {"max_tokens": 2048}}}},
      r"datasets.e.generation.max_tokens \(2048\) leaves no room for the prompt in server.max_model_len \(2048\)"),

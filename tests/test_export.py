@@ -139,7 +139,7 @@ def test_a_drafter_for_another_target_is_refused_naming_tensor_and_values(drafte
 
 def test_a_speculators_architecture_drafter_is_not_exported_wrong_for_sglang(target_dir, tmp_path):
     ckpt = make_drafter(target_dir, tmp_path / "spec", architecture="speculators")
-    with pytest.raises(ex.ExportRefused, match="norm_before_residual=true.*train.architecture: eagle3"):
+    with pytest.raises(ex.ExportRefused, match=r"norm_before_residual=true.*train.architecture: eagle3"):
         ex.export_sglang(ckpt, tmp_path / "sglang")
     assert not (tmp_path / "sglang").exists()
 

@@ -9,8 +9,16 @@ import pytest
 
 from draftsmith.client import HealthPolicy, RetryPolicy
 from draftsmith.datasets import Prompt
-from draftsmith.generate import (GenerationFailed, GenerationSettings, Journal, Outputs, generate, has_work,
-                                 make_client, settings_key)
+from draftsmith.generate import (
+    GenerationFailed,
+    GenerationSettings,
+    Journal,
+    Outputs,
+    generate,
+    has_work,
+    make_client,
+    settings_key,
+)
 from tests.conftest import REPO
 from tests.fault_server import FaultServer
 
@@ -103,7 +111,7 @@ def test_headers_take_values_from_the_environment(server, tmp_path, monkeypatch)
     assert server.headers[-1]["X-Api-Key"] == "hdr-secret" and server.headers[-1]["X-Plain"] == "p"
     assert not any("hdr-secret" in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
     monkeypatch.delenv("DS_HEADER_SECRET")
-    with pytest.raises(ValueError, match="DS_HEADER_SECRET .generation_server.headers.X-Api-Key. is not set"):
+    with pytest.raises(ValueError, match=r"DS_HEADER_SECRET .generation_server.headers.X-Api-Key. is not set"):
         run(server, [P("a", "a")], tmp_path, headers={"X-Api-Key": {"env": "DS_HEADER_SECRET"}})
 
 
@@ -156,7 +164,7 @@ def test_a_turn_cut_by_max_tokens_ends_the_conversation(server, tmp_path):
 
 def test_missing_api_key_env_is_a_clear_error(server, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_ABSENT_KEY", raising=False)
-    with pytest.raises(ValueError, match="DS_ABSENT_KEY .generation_server.api_key_env. is not set"):
+    with pytest.raises(ValueError, match=r"DS_ABSENT_KEY .generation_server.api_key_env. is not set"):
         run(server, [P("a", "a")], tmp_path, api_key_env="DS_ABSENT_KEY")
 
 
@@ -196,7 +204,7 @@ def test_journal_name_depends_on_answers_not_on_paths():
 def test_journal_from_another_format_is_refused(tmp_path):
     path = tmp_path / "j.jsonl"
     path.write_text(json.dumps({"format": 0, "id": "x"}) + "\n")
-    with pytest.raises(ValueError, match="record format 0.*delete the journal"):
+    with pytest.raises(ValueError, match=r"record format 0.*delete the journal"):
         Journal(path, 1).load()
 
 
@@ -228,7 +236,7 @@ def test_an_exited_managed_server_stops_the_run_at_once(server, tmp_path):
             await client.aclose()
 
     started = time.monotonic()
-    with pytest.raises(GenerationFailed, match="exited with code -9.*no output was written.*rerun resumes"):
+    with pytest.raises(GenerationFailed, match=r"exited with code -9.*no output was written.*rerun resumes"):
         asyncio.run(go())
     assert time.monotonic() - started < 5
     assert not (tmp_path / "out.jsonl").exists() and (tmp_path / "journal" / "j.jsonl").exists()

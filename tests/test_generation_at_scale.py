@@ -76,7 +76,7 @@ def test_the_only_endpoint_dying_fails_the_run_and_keeps_the_journal(tmp_path):
     settings = GenerationSettings(max_tokens=64, concurrency=8, request_timeout_s=30)
     started = time.monotonic()
     with ReasoningSim(SimSettings(latency_s=0.01, die_after=100)) as server, \
-            pytest.raises(GenerationFailed, match="no endpoint reachable.*no output was written.*rerun resumes"):
+            pytest.raises(GenerationFailed, match=r"no endpoint reachable.*no output was written.*rerun resumes"):
         go(server.base_url, prompts(300), tmp_path, settings)
     assert time.monotonic() - started < 60
     assert not (tmp_path / "r.jsonl").exists()

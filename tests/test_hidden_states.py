@@ -132,7 +132,7 @@ def test_a_killed_shard_writer_keeps_every_finished_shard(tmp_path):
 
 def test_disk_estimate_refuses_before_work(tmp_path):
     need = hs.estimate_bytes(total_tokens=10**12, num_slots=4, hidden_size=7168)
-    with pytest.raises(OSError, match="hidden states need about .* GiB but only"):
+    with pytest.raises(OSError, match=r"hidden states need about .* GiB but only"):
         hs.check_disk(tmp_path, need)
     hs.check_disk(tmp_path, hs.estimate_bytes(100, 4, 576))
 

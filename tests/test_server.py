@@ -1,4 +1,6 @@
+import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +28,8 @@ def test_thread_count_variables_are_not_inherited(monkeypatch):
 
 def test_server_that_dies_reports_its_log(tmp_path):
     spec = ServerSpec(model=str(tmp_path / "no-such-model"), startup_timeout_s=300)
-    with pytest.raises(ServerError, match="exited with code") as err:
-        with managed_server(spec, tmp_path / "server.log"):
-            pass
+    with pytest.raises(ServerError, match="exited with code") as err, managed_server(spec, tmp_path / "server.log"):
+        pass
     assert "last lines of" in str(err.value)
 
 
@@ -74,9 +75,8 @@ def test_server_dies_with_a_killed_job(tmp_path):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and os.path.exists(f"/proc/{children[0]}"):
         time.sleep(0.1)
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(int(children[0]), os.WNOHANG)
-        except ChildProcessError:
-            pass
-    status = open(f"/proc/{children[0]}/status").read() if os.path.exists(f"/proc/{children[0]}") else "gone"
+    status_file = Path(f"/proc/{children[0]}/status")
+    status = status_file.read_text() if status_file.exists() else "gone"
     assert status == "gone" or "State:\tZ" in status, status

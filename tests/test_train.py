@@ -10,9 +10,9 @@ CFG = {"num_layers": 1, "epochs": 2, "lr": 1e-3, "optimizer": "muon", "weight_de
 
 
 def args(tmp_path, **kw):
-    base = dict(verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path, d2t=tmp_path / "d2t.npy",
-                t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27], train_ratio=0.9, on_cpu=True, log_dir=tmp_path,
-                num_workers=1)
+    base = {"verifier": "results/models/t", "data_dir": tmp_path, "save_dir": tmp_path, "d2t": tmp_path / "d2t.npy",
+            "t2d": tmp_path / "t2d.npy", "aux_layers": [2, 15, 27], "train_ratio": 0.9, "on_cpu": True,
+            "log_dir": tmp_path, "num_workers": 1}
     return tr.speculators_args(CFG, **{**base, **kw})
 
 

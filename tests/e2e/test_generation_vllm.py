@@ -21,8 +21,8 @@ def vllm(workdir, tmp_path_factory):
     model = str(workdir / "results" / "models" / "smollm2-135m-instruct")
     spec = ServerSpec(model=model, max_model_len=1024, extra_args=["--enforce-eager"],
                       env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600)
-    with managed_server(spec, tmp_path_factory.mktemp("server") / "server.log") as url:
-        yield url, model
+    with managed_server(spec, tmp_path_factory.mktemp("server") / "server.log") as server:
+        yield server.base_url, model
 
 
 def run(vllm, out: Path, **limits) -> dict:
@@ -51,8 +51,8 @@ def test_token_budget_on_a_real_server(vllm, tmp_path):
 
 def test_resume_on_a_real_server_sends_only_new_ids(vllm, tmp_path):
     first = run(vllm, tmp_path, max_samples=3)
-    assert first["records"] == 3 and first["requests_this_run"] == 3
+    assert first["records"] == 3 and first["prompts_sent_this_run"] == 3
     second = run(vllm, tmp_path, max_samples=6)
-    assert second["records"] == 6 and second["requests_this_run"] == 3
+    assert second["records"] == 6 and second["prompts_sent_this_run"] == 3
     ids = [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert ids == [p.id for p in PROMPTS[:6]]

@@ -43,8 +43,9 @@ def test_warm_start_from_a_drafter_on_other_data(workdir, tmp_path):
     work = tmp_path / "finetune"
     run_or_fail(work, variant(tmp_path, finetune))
     # The pretrained mapping is reused byte for byte, and said so.
-    assert (work / "results" / "vocab" / "d2t.npy").read_bytes() == (workdir / "results" / "vocab" / "d2t.npy").read_bytes()
-    assert np.array_equal(np.load(work / "results" / "vocab" / "t2d.npy"), np.load(workdir / "results" / "vocab" / "t2d.npy"))
+    mine, first = work / "results" / "vocab", workdir / "results" / "vocab"
+    assert (mine / "d2t.npy").read_bytes() == (first / "d2t.npy").read_bytes()
+    assert np.array_equal(np.load(mine / "t2d.npy"), np.load(first / "t2d.npy"))
     stats = json.loads((work / "results" / "vocab" / "stats.json").read_text())
     assert stats["source"].startswith("pretrained drafter") and 0 < stats["coverage"] <= 1
     # Warm-started, the first epoch is already better than training from scratch was.

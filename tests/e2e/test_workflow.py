@@ -15,7 +15,6 @@ import torch
 import yaml
 from safetensors import safe_open
 
-
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 
@@ -202,14 +201,15 @@ def test_redo_one_dataset_touches_no_other(workdir, tmp_path):
     others = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (work / "results").rglob("*everyday*")
               if p.is_file()} | {p: (p.read_bytes(), p.stat().st_mtime_ns)
                                  for p in (work / "results" / "hidden_states" / "everyday").rglob("*") if p.is_file()}
-    old = {p.name: p.stat().st_mtime_ns for p in (work / "results" / "hidden_states" / "humaneval" / "shards").iterdir()}
+    shards = work / "results" / "hidden_states" / "humaneval" / "shards"
+    old = {p.name: p.stat().st_mtime_ns for p in shards.iterdir()}
     proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "hidden_states", "humaneval", "-s",
                            str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
                            "results/hidden_states/humaneval/manifest.json"],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "removed results/hidden_states/humaneval" in proc.stderr
-    new = {p.name: p.stat().st_mtime_ns for p in (work / "results" / "hidden_states" / "humaneval" / "shards").iterdir()}
+    new = {p.name: p.stat().st_mtime_ns for p in shards.iterdir()}
     assert new and all(new[n] > old.get(n, 0) for n in new)  # every shard written again
     for path, (content, mtime) in others.items():
         assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, path

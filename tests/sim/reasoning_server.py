@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -36,8 +37,12 @@ from pathlib import Path
 from aiohttp import web
 
 TEMPLATE = (Path(__file__).parent / "qwen3_style.jinja").read_text()
-WORDS = ("the of and to in is it that for on with as was at by be this from or have an are not but "
-         "we can all one so if more when will would there their what about which out up time they").split()
+WORDS = (
+    "the", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as",
+    "was", "at", "by", "be", "this", "from", "or", "have", "an", "are", "not", "but",
+    "we", "can", "all", "one", "so", "if", "more", "when", "will", "would", "there", "their",
+    "what", "about", "which", "out", "up", "time", "they",
+)
 
 
 @dataclass
@@ -107,7 +112,7 @@ class ReasoningSim:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=1024)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.port = site._server.sockets[0].getsockname()[1]
 
     async def _die(self) -> None:
         if not self._dead:
@@ -221,10 +226,8 @@ def main() -> None:
                                    content_log_mean=args.content_log_mean), port=args.port)
     with sim:
         print(sim.port, flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             sys.stdin.read()  # runs until the parent closes our stdin
-        except KeyboardInterrupt:
-            pass
 
 
 if __name__ == "__main__":
