@@ -30,7 +30,21 @@ def load_layers(default: Path, user_files: list[Path], overrides: dict[str, Any]
     config = _read(default)
     for path in user_files:
         config = merge(config, _read(path))
-    return merge(config, overrides)
+    return merge(config, _typed(overrides))
+
+
+def _typed(value: Any) -> Any:
+    """``--config`` values: Snakemake reads nested ones as strings (its YAML BaseLoader)."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, str):
+        try:
+            return yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+    return value
 
 
 def merge(base: dict[str, Any], upper: dict[str, Any], where: tuple[str, ...] = ()) -> dict[str, Any]:

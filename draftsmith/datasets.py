@@ -121,11 +121,6 @@ def _hub_snapshot(dataset_id: str) -> str | None:
         return None
 
 
-def content_id(turns: list[str], system: str | None) -> str:
-    """A stable id for rows that carry none: the same prompt always gets the same id."""
-    return prompt_digest(turns, system)
-
-
 def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int) -> tuple[list[str], str | None]:
     """Return ``(user turns, system prompt)``; raise ``_BadField`` naming what is wrong."""
     if not isinstance(row, dict):
@@ -216,7 +211,7 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
             result.rejects.append(Reject(str(path), number, bad.field_name, bad.reason))
             continue
         raw_id = row.get(id_field)
-        pid = str(raw_id) if raw_id not in (None, "") else content_id(turns, system)
+        pid = str(raw_id) if raw_id not in (None, "") else prompt_digest(turns, system)  # stable
         if pid in seen:
             result.rejects.append(Reject(str(path), number, id_field, f"duplicate id {pid!r}"))
             continue

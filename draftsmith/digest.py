@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -16,6 +17,15 @@ def json_digest(value: Any, length: int = 16) -> str:
 def ids_digest(ids: list[int]) -> str:
     """Digest of a token-id sequence, to compare what a server tokenized with what we tokenize."""
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    """The full sha256 of a file (shards, checkpoints, mappings), read in 16 MiB chunks."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def prompt_digest(turns: list[str], system: str | None) -> str:

@@ -26,11 +26,9 @@ from tqdm import tqdm
 
 from draftsmith.atomic import write_json
 from draftsmith.hs_store import HiddenStateStore, Writer
+from draftsmith.plan import bytes_per_token
 
 log = logging.getLogger(__name__)
-
-BYTES_PER_VALUE = 2  # bf16
-
 
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's usual choice: an early, a middle and a late layer."""
@@ -47,7 +45,7 @@ def choose_aux_layers(configured: list[int] | None, num_layers: int, pretrained_
 
 
 def estimate_bytes(total_tokens: int, num_slots: int, hidden_size: int) -> int:
-    return total_tokens * (num_slots * hidden_size * BYTES_PER_VALUE + 8)
+    return total_tokens * bytes_per_token(hidden_size, num_slots)
 
 
 def check_disk(folder: Path, need: int) -> None:

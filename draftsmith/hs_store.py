@@ -34,7 +34,7 @@ from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from safetensors import safe_open
 from safetensors.torch import save, save_file
 
-from draftsmith.digest import ids_digest, json_digest
+from draftsmith.digest import file_sha256, ids_digest, json_digest
 
 FINGERPRINT_KEY = "draftsmith_fingerprint"
 
@@ -244,14 +244,6 @@ class ShardStore(HiddenStateStore):
         taken = [int(p.stem.split("_")[1]) for p in (self.folder / "shards").glob("shard_*.safetensors")]
         taken += [int(e["shard"].split("_")[1].split(".")[0]) for e in self.entries()]
         return f"shard_{max(taken, default=-1) + 1:06d}.safetensors"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 24), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _ShardWriter(Writer):

@@ -34,12 +34,15 @@ class DatasetPlan:
     sequence_tokens: float = 0.0
 
 
+def bytes_per_token(hidden_size: int, slots: int = 4) -> int:
+    """(3 auxiliary + 1 final) layers x hidden x bf16, plus the int64 token id."""
+    return slots * hidden_size * BYTES_PER_VALUE + 8
+
+
 def hidden_state_bytes(tokens: float, facts: Facts, layout: str, rows: float) -> float:
-    """Offline storage: (3 auxiliary + 1 final) layers x hidden x bf16 per token, plus token ids and
-    file overhead (a safetensors header per file; shards share theirs)."""
-    per_token = (3 + 1) * facts.hidden_size * BYTES_PER_VALUE + 8
+    """Offline storage, with file overhead (a safetensors header per file; shards share theirs)."""
     overhead = 4096 * rows if layout == "per_row" else 0
-    return tokens * per_token + overhead
+    return tokens * bytes_per_token(facts.hidden_size) + overhead
 
 
 def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:

@@ -120,8 +120,8 @@ def import_pretrained(source: str, base_dir: Path, verifier: str, facts: Facts, 
     import numpy as np
     from safetensors.torch import load_file
 
+    from draftsmith.digest import file_sha256
     from draftsmith.export import sglang_refusal, tensor_shapes
-    from draftsmith.hs_store import file_sha256
 
     folder = locate(source, base_dir)
     layout = layout_of(folder)

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     config = validate_config(load_layers(REPO / "config" / "config.yaml", args.configfile, {}))
     target = resolve(config["target"], REPO)
     spec = generation_spec(target.model, config["server"], config["generation_server"])
-    spec.host = "0.0.0.0"  # reachable from the other nodes  # noqa: S104
+    spec.host = "0.0.0.0"  # reachable from the other nodes
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     log = args.log or args.url_file.with_suffix(".server.log")

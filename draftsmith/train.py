@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -64,18 +63,6 @@ def adapt_for_cpu() -> bool:
     return True
 
 
-def run_key(parts: dict) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_dataset(merged: Path, dest: Path) -> None:
     """The arrow dataset speculators reads (``input_ids``, ``loss_mask``, ``seq_len``), merged order."""
     from datasets import Dataset
@@ -100,7 +87,6 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         "t2d-path": str(t2d),
         "target-layer-ids": aux_layers,
         "train-data-ratio": train_ratio,
-        "num-layers": cfg["num_layers"],
         "epochs": cfg["epochs"],
         "lr": cfg["lr"],
         "optimizer": cfg["optimizer"],
@@ -119,8 +105,10 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
                       ("warmup_ratio", "scheduler-warmup-ratio")):
         if cfg.get(key) is not None:
             args[flag] = cfg[key]
-    if from_pretrained:
+    if from_pretrained:  # the checkpoint defines the draft model: its layers and architecture
         args["from-pretrained"] = str(from_pretrained)
+    else:
+        args["num-layers"] = cfg["num_layers"]
     if vllm_endpoint:
         args.update({"vllm-endpoint": vllm_endpoint, "on-missing": "generate"})
     else:
@@ -132,7 +120,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
-    return argv + ARCHITECTURE_FLAGS[cfg["architecture"]]
+    return argv + ([] if from_pretrained else ARCHITECTURE_FLAGS[cfg["architecture"]])
 
 
 def torchrun_command(nproc: int, metrics_file: Path, argv: list[str]) -> list[str]:

@@ -81,6 +81,6 @@ def copy_pretrained(pretrained: Path, merged: Path, d2t_out: Path, t2d_out: Path
 
 
 def _digests(d2t: Path, t2d: Path) -> dict:
-    from draftsmith.hs_store import file_sha256
+    from draftsmith.digest import file_sha256
 
     return {"d2t_sha256": file_sha256(d2t), "t2d_sha256": file_sha256(t2d)}

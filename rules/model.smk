@@ -19,7 +19,11 @@ rule prepare_target:
 
 
 rule preflight:
-    """Everything that can be checked before the first expensive job, against the prepared target."""
+    """Everything that can be checked before the first expensive job, against the prepared target.
+
+    Once per target: config changes are checked while the DAG is built (with the target's facts
+    from this folder), and a rule that reran on every config change would, through ancient(),
+    hide the reruns it should cause downstream."""
     input:
         model=target_input,
     output:
@@ -30,7 +34,5 @@ rule preflight:
     resources:
         mem_mb=1000,
         runtime=10,
-    params:
-        config=RESULT,
     script:
         "../scripts/preflight.py"

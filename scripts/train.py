@@ -10,6 +10,7 @@ from draftsmith import hidden_states as hs
 from draftsmith import target
 from draftsmith import train as tr
 from draftsmith.atomic import write_json
+from draftsmith.digest import file_sha256, json_digest
 from draftsmith.hs_store import BACKEND, fingerprint, open_store, write_locations
 from draftsmith.merge import train_ratio, train_rows
 from draftsmith.runner import run, target_of
@@ -40,9 +41,9 @@ def main() -> None:
                                pretrained / "check.json" if pretrained else None)
     online = hs_cfg["mode"] == "online"
     states = fingerprint(target.fingerprint(tgt), aux, facts.num_layers, "vllm" if online else hs_cfg["backend"])
-    key = tr.run_key({"train": cfg, "data": tr.file_digest(merged), "d2t": tr.file_digest(Path(sm.input.d2t)),
+    key = json_digest({"train": cfg, "data": file_sha256(merged), "d2t": file_sha256(Path(sm.input.d2t)),
                       "hidden_states": [hs_cfg["mode"], states], "pretrained": pretrained and json.loads(
-                          (pretrained / "check.json").read_text())})
+                          (pretrained / "check.json").read_text())}, 12)
     run_dir = Path(sm.params.runs_dir) / key
     data_dir = run_dir / "data"
     if not data_dir.exists():

@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from draftsmith.datasets import content_id, load_prompts, resolve_source
+from draftsmith.datasets import load_prompts, resolve_source
+from draftsmith.digest import prompt_digest
 
 
 def write_jsonl(path, rows):
@@ -55,7 +56,7 @@ def test_missing_ids_get_a_stable_content_hash(tmp_path):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}])
     first = [p.id for p in load_prompts(path).prompts]
     assert first == [p.id for p in load_prompts(path).prompts]
-    assert first[0] == content_id(["a"], None) and first[0] != first[1]
+    assert first[0] == prompt_digest(["a"], None) and first[0] != first[1]
 
 
 def test_skip_and_max_samples_select_a_slice(tmp_path):

@@ -47,7 +47,7 @@ def test_sglang_command_and_its_limits():
     assert cmd[-4:] == ["--tp", "8", "--reasoning-parser", "kimi_k2"] and "--enforce-eager" not in cmd
     assert spec.env == {"A": "1", "B": "2"}
     spec.speculative_config = {"method": "eagle3"}
-    with pytest.raises(ValueError, match="run on vLLM"):
+    with pytest.raises(ValueError, match="extraction runs on vLLM"):
         spec.command(1)
     assert generation_spec("m", server, {"engine": "vllm", "extra_args": None, "env": {}}).extra_args == \
         ["--enforce-eager"]

@@ -31,12 +31,14 @@ def test_speculators_arguments(tmp_path):
     assert "--max-steps" not in argv and "--from-pretrained" not in argv
     gpu = args(tmp_path, on_cpu=False, from_pretrained=tmp_path / "pre", vllm_endpoint="http://h:1/v1")
     assert "--loss-implementation" not in gpu and value(gpu, "--from-pretrained") == str(tmp_path / "pre")
+    assert "--num-layers" not in gpu and "--no-norm-output" not in gpu  # the checkpoint defines the model
     assert value(gpu, "--on-missing") == "generate" and value(gpu, "--vllm-endpoint") == "http://h:1/v1"
     # The arguments are what speculators' own parser accepts.
     from speculators.train.config import TrainConfig
 
     import draftsmith.hs_store  # noqa: F401 - registers the backend
 
+    TrainConfig.resolve(args(tmp_path, from_pretrained=tmp_path / "pre"))  # no conflicting model flags
     resolved = TrainConfig.resolve(args(tmp_path, hidden_states_backend="draftsmith")).flatten()
     assert resolved["norm_before_residual"] is False and resolved["scheduler_type"] == "cosine"
     assert resolved["hidden_states_backend"] == "draftsmith" and resolved["checkpoint_freq"] == 1

@@ -74,7 +74,7 @@ class CancelTrainAfterSteps(threading.Thread):
 @skip
 def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_path):
     cfg = yaml.safe_load(CONFIG.read_text())
-    cfg["datasets"]["everyday"].update(max_samples=64, generation={"max_tokens": 160, "concurrency": 8})
+    cfg["datasets"]["everyday"].update(max_samples=64, generation={"max_tokens": 512, "concurrency": 8})
     cfg["train"]["epochs"] = 2
     config = tmp_path / "slurm.yaml"
     config.write_text(yaml.safe_dump(cfg))
