@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,10 @@ def snakemake(workdir: Path, *args: str, config: Path = CONFIG) -> subprocess.Co
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:
-    work = tmp_path_factory.mktemp("workflow")
+    """A fresh run; DRAFTSMITH_E2E_WORKDIR names a folder to reuse across sessions while developing
+    (Snakemake then redoes only what is stale there)."""
+    reuse = os.environ.get("DRAFTSMITH_E2E_WORKDIR")
+    work = Path(reuse) if reuse else tmp_path_factory.mktemp("workflow")
     proc = snakemake(work)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted((work / "logs").rglob("*.log")))

@@ -99,12 +99,16 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
 def test_generation_records_and_stats(workdir):
     for name in ("everyday", "humaneval"):
         records = [json.loads(line) for line in (workdir / "results" / "responses" / f"{name}.jsonl").open()]
-        assert len(records) == 6 and len({r["id"] for r in records}) == 6
+        assert len(records) == 16 and len({r["id"] for r in records}) == 16
         for rec in records:
             assert rec["messages"][-1]["role"] == "assistant" and rec["messages"][-1]["content"]
             assert rec["finish_reason"] in ("stop", "length") and rec["usage"]["completion_tokens"] > 0
+            # What the tokenize stage checks against: the server's prompt ids and the model's tokens.
+            assert all(t["prompt_ids_digest"] and t["token_ids"] for t in rec["turns"])
         stats = json.loads((workdir / "results" / "responses" / f"{name}.stats.json").read_text())
-        assert stats["records"] == 6 and stats["errors"] == 0
+        assert stats["records"] == 16 and stats["errors"] == 0
+        trip = json.loads((workdir / "results" / "tokenized" / f"{name}.stats.json").read_text())["round_trip"]
+        assert trip["prompt_checked"] >= 16 and trip["prompt_mismatched"] == trip["answer_mismatched"] == 0
 
 
 def test_vllm_and_transformers_hidden_states_agree(workdir, tmp_path):
@@ -184,7 +188,7 @@ def test_changing_one_dataset_reruns_only_that_dataset(workdir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     jobs = planned_jobs(proc.stdout)
     assert {("generate", "humaneval"), ("tokenize", "humaneval"), ("hidden_states", "humaneval"),
-            ("train", ""), ("benchmark", "")} <= jobs
+            ("train", ""), ("export", ""), ("evaluate", "")} <= jobs
     assert not {j for j in jobs if j[1] == "everyday"}, jobs
     assert ("prepare_target", "") not in jobs
 
