@@ -145,6 +145,37 @@ class _ValidationMetrics(logging.Handler):
                 os.fsync(fh.fileno())
 
 
+_TORCH_WORKER_LOOP = None  # torch's own loop, once replaced (set in the trainer's process)
+
+
+def _worker_loop_ignoring_sigterm(*args, **kwargs):
+    """A dataloader worker that outlives a SIGTERM sent to the whole job (SLURM's scancel and time
+    limits signal every process): the trainer needs its workers until the interrupt checkpoint is
+    saved, and shuts them down itself afterwards."""
+    import signal
+
+    from torch.utils.data._utils import signal_handling, worker
+
+    set_handlers = signal_handling._set_worker_signal_handlers  # torch's loop installs its own SIGTERM handler
+
+    def set_handlers_but_ignore_sigterm() -> None:
+        set_handlers()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    signal_handling._set_worker_signal_handlers = set_handlers_but_ignore_sigterm
+    return (_TORCH_WORKER_LOOP or worker._worker_loop)(*args, **kwargs)
+
+
+def _keep_workers_through_sigterm() -> None:
+    """Spawned workers run the loop this attribute names (imported there by qualified name)."""
+    global _TORCH_WORKER_LOOP
+    from torch.utils.data._utils import worker
+
+    if worker._worker_loop is not _worker_loop_ignoring_sigterm:
+        _TORCH_WORKER_LOOP = worker._worker_loop
+        worker._worker_loop = _worker_loop_ignoring_sigterm
+
+
 def _track_interruption(trainer_cls, state: dict) -> None:
     """Record where a graceful stop happened (epoch, step within it) for :func:`_resumable`."""
     original_epoch, original_save = trainer_cls.train_epoch, trainer_cls.maybe_save_checkpoint
@@ -158,6 +189,11 @@ def _track_interruption(trainer_cls, state: dict) -> None:
         if epoch == "interrupted":
             state["interrupted"] = True
             state["global_step"] = self.global_step
+            # SLURM (scancel, a time limit) signals every process of the job: the dataloader
+            # workers die too, and torch's SIGCHLD check would abort the save that follows.
+            from torch.utils.data._utils import signal_handling
+
+            signal_handling._error_if_any_worker_fails = lambda: None
         return original_save(self, epoch, local_step)
 
     trainer_cls.train_epoch, trainer_cls.maybe_save_checkpoint = train_epoch, maybe_save_checkpoint
@@ -193,6 +229,7 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
     setup_metric_logger = cli.setup_metric_logger
     state: dict = {}
     _track_interruption(trainer.Trainer, state)
+    _keep_workers_through_sigterm()
 
     def setup_then_collect(*args, **kwargs):
         # speculators configures its loggers with dictConfig inside main(), which replaces any

@@ -104,3 +104,29 @@ def test_validation_metrics_survive_a_resume(tmp_path):
     with path.open("a") as fh:
         fh.write('{"epoch": 2, "loss_ep')  # cut by a kill
     assert tr.read_validation(path) == [{"epoch": 0, "loss_epoch": 5.0}, {"epoch": 1, "loss_epoch": 3.0}]
+
+
+class _Slow:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        import os
+        import time
+
+        time.sleep(0.3)
+        return os.getpid()
+
+
+def test_dataloader_workers_outlive_a_sigterm_to_the_whole_job():
+    """SLURM signals every process of a job; the workers must live until the checkpoint is saved."""
+    import os
+    import signal
+
+    from torch.utils.data import DataLoader
+
+    tr._keep_workers_through_sigterm()
+    loader = iter(DataLoader(_Slow(), batch_size=1, num_workers=1, multiprocessing_context="spawn"))
+    worker_pid = int(next(loader))
+    os.kill(worker_pid, signal.SIGTERM)
+    assert [int(b) for b in loader] == [worker_pid] * 5  # the same worker served the rest

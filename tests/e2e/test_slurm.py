@@ -84,20 +84,25 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_pa
     started = time.monotonic()
     # A runtime limit of one minute cuts the everyday generate job (its server alone starts in ~30 s).
     first = snakemake_slurm(work, config, "--set-resources", "generate:runtime=1", "--keep-going")
-    assert first.returncode != 0, "the faults should have stopped the first run"
+    assert first.returncode != 0, "the runtime limit should have stopped the first run"
     journal = next((work / "results" / "responses" / ".journal").glob("everyday-*.jsonl"))
     journaled = {json.loads(line)["id"] for line in journal.read_text().splitlines() if line.endswith("}")}
     assert 0 < len(journaled) < 64, len(journaled)
-    rerun = snakemake_slurm(work, config)
+    second = snakemake_slurm(work, config)  # generation finishes; training is scancel'ed
+    assert second.returncode != 0 and canceller.cancelled_at_step is not None, second.stderr[-3000:]
+    # The scancel'ed trainer saved a mid-epoch checkpoint on its way out.
+    (state,) = (work / "results" / "train_runs").glob("*/checkpoints/*/training_state.json")
+    saved_step = json.loads(state.read_text())["global_step"]
+    assert 0 < saved_step <= canceller.cancelled_at_step + 1
+    third = snakemake_slurm(work, config)
     wall = time.monotonic() - started
-    assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
+    assert third.returncode == 0, third.stdout[-4000:] + third.stderr[-4000:]
     # Generation resumed from its journal: nothing journaled was sent again.
     stats = json.loads((work / "results" / "responses" / "everyday.stats.json").read_text())
     assert stats["records"] == 64 and stats["prompts_sent_this_run"] == 64 - len(journaled)
     # Training was scancel'ed mid-epoch and resumed from the checkpoint that stop left.
-    assert canceller.cancelled_at_step is not None
     train_log = (work / "logs" / "train.log").read_text()
-    assert "training was interrupted" in train_log and "Resuming mid-epoch" in train_log
+    assert f"Resuming mid-epoch from epoch=0 local_step={saved_step}" in train_log
     # Every job ran as a SLURM job: its log is under logs/slurm, and the controller saw it.
     rules = {p.name.removeprefix("rule_") for p in (work / "logs" / "slurm").iterdir()}
     assert {"prepare_target", "preflight", "prompts", "generate", "tokenize", "hidden_states", "merge", "vocab",
@@ -105,6 +110,6 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_pa
     assert (work / "results" / "report" / "report.md").exists()
     gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
     assert gate["passed"]
-    print(f"\nSLURM run: {wall:.0f} s wall (both attempts); generate resent {stats['prompts_sent_this_run']} of 64 "
+    print(f"\nSLURM run: {wall:.0f} s wall (three attempts); generate resent {stats['prompts_sent_this_run']} of 64 "
           f"after the runtime limit ({len(journaled)} journaled); train cancelled at step "
-          f"{canceller.cancelled_at_step}", file=sys.stderr)
+          f"{canceller.cancelled_at_step}, resumed from step {saved_step}", file=sys.stderr)
