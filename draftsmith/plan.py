@@ -118,7 +118,9 @@ def measured_throughput(results: Path, configured: dict) -> Throughput:
 
 
 def _tb(value: float) -> str:
-    return f"{value / TB:.2f} TB ({value / 2**40:.2f} TiB)" if value >= 1e11 else f"{value / 2**20:.1f} MiB"
+    if value >= 1e11:
+        return f"{value / TB:.2f} TB ({value / 2**40:.2f} TiB)"
+    return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
 
 
 def _hours(tokens: float, rate: float | None) -> str:
