@@ -8,8 +8,8 @@ On the rows of a finished workflow run (``--workdir``, default: a run of ``tests
 3. extraction tokens/s of the transformers backend against a bare forward pass of the same model
    over the same tokens (the limit of that stage on this machine), and of the vLLM backend (the
    timing of the workflow's own hidden_states jobs);
-4. with ``--train``: speculators training tokens/s reading each layout, and in online mode, from
-   the workflow's timings of the same data.
+4. with ``--train``: speculators training tokens/s (median step) reading each layout, beside
+   speculators' own per-row ``FileTransfer``.
 
     .venv/bin/python benchmarks/hidden_states_layouts.py --workdir /path/to/run [--train]
 """
@@ -116,8 +116,13 @@ def train_speeds(workdir: Path, tmp: Path, threads: int) -> None:
         proc = subprocess.run([sys.executable, "-m", "draftsmith.train", str(data_dir / "v.jsonl"), *run],
                               cwd=workdir, capture_output=True, text=True, env={**os.environ,
                                                                                  "OMP_NUM_THREADS": str(threads)})
-        speeds = [float(x) for x in re.findall(r"'tokens_per_s': ([0-9.]+)", proc.stdout + proc.stderr)][1:]
-        print(f"{layout:<44} {statistics.median(speeds) if speeds else float('nan'):>18,.0f}")
+        if proc.returncode != 0:
+            raise SystemExit(f"{layout}: training failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        output = proc.stdout + proc.stderr
+        speeds = [float(x) for x in re.findall(r"tokens_per_s(?:': |=)([0-9.]+)", output)][1:]
+        if not speeds:
+            raise SystemExit(f"{layout}: no tokens_per_s in the trainer's output:\n{output[-3000:]}")
+        print(f"{layout:<44} {statistics.median(speeds):>18,.0f}")
 
 
 def main() -> None:
