@@ -96,7 +96,7 @@ def train_speeds(workdir: Path, tmp: Path, threads: int) -> None:
                     writer.write(row, states["hidden_states"], states["token_ids"])
         row = int(prefix.rstrip("."))
         relocated.append(stores[dataset][1].locations([row])[0])
-    print(f"\n{'training reads':<44} {'median step tok/s':>18}")
+    print(f"\n{'training reads':<44} {'median step tok/s':>18} {'median fetch ms':>16}")
     for layout in ("draftsmith, shards", "draftsmith, per_row", "speculators' FileTransfer, per-row files"):
         data_dir = tmp / f"train-{layout.split(',')[1].strip()}-{layout[:4]}"
         shutil.copytree(data, data_dir)
@@ -122,7 +122,8 @@ def train_speeds(workdir: Path, tmp: Path, threads: int) -> None:
         speeds = [float(x) for x in re.findall(r"tokens_per_s(?:': |=)([0-9.]+)", output)][1:]
         if not speeds:
             raise SystemExit(f"{layout}: no tokens_per_s in the trainer's output:\n{output[-3000:]}")
-        print(f"{layout:<44} {statistics.median(speeds):>18,.0f}")
+        fetch = [float(x) for x in re.findall(r"fetch_ms(?:': |=)([0-9.]+)", output)][1:]
+        print(f"{layout:<44} {statistics.median(speeds):>18,.0f} {statistics.median(fetch):>16.1f}")
 
 
 def main() -> None:
