@@ -3,11 +3,10 @@ package changes: each one is imported and asked for its usage."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "benchmarks").glob("*.py")))
