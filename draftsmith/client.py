@@ -11,9 +11,10 @@ Works against vLLM, SGLang or a hosted API. What it guarantees:
   failures in a row it is taken out of rotation and probed (``GET /models``) with a growing
   cooldown before any request goes there again. Requests go to the least busy healthy endpoint
   (random tie-break), and a retry avoids the endpoint that just failed when there is another.
-- **Systemic failure is loud.** When every endpoint has been down for ``outage_grace_s`` and has
-  failed ``max_consecutive_failures`` times in a row, waiting requests raise
-  :class:`EndpointsDown` instead of retrying forever; the caller stops the run.
+- **Systemic failure is loud.** Once every endpoint is out of rotation, the outage is timed: when
+  the last one has been out for ``outage_grace_s`` (time down, not a count of failures, which
+  would stretch with the probes' back-off), waiting requests raise :class:`EndpointsDown`
+  instead of retrying forever; the caller stops the run.
 """
 
 from __future__ import annotations
@@ -52,8 +53,7 @@ class HealthPolicy:
     trip_after: int = 3
     cooldown_s: float = 2.0
     cooldown_max_s: float = 60.0
-    max_consecutive_failures: int = 20
-    outage_grace_s: float = 60.0
+    outage_grace_s: float = 120.0
     probe_timeout_s: float = 10.0
 
 
@@ -170,12 +170,12 @@ class EndpointPool:
         now, policy = time.monotonic(), self.policy
         if self.fatal or any(e.up for e in self.endpoints):
             return
-        if all(e.failures_in_a_row >= policy.max_consecutive_failures and now - e.down_since >= policy.outage_grace_s
-               for e in self.endpoints):
+        down_for = now - max(e.down_since for e in self.endpoints)
+        if down_for >= policy.outage_grace_s:
             urls = ", ".join(e.url for e in self.endpoints)
             self.fatal = EndpointsDown(
-                f"no endpoint reachable for {policy.outage_grace_s:.0f}+ s and {policy.max_consecutive_failures}+ "
-                f"connection failures in a row on each ({urls}); last error: {self.endpoints[-1].last_error}")
+                f"no endpoint reachable for {down_for:.0f} s (outage_grace_s {policy.outage_grace_s:.0f}): {urls}; "
+                f"last error: {self.endpoints[-1].last_error}")
             self._changed.set()
 
     def _tick(self) -> None:

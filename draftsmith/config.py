@@ -157,3 +157,19 @@ def _message(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown key(s)")
     return error.message
+
+
+def from_snakemake_args(args: list[str], workflow_dir: Path) -> dict[str, Any]:
+    """The validated config a ``snakemake`` command line would use: the embedded default, then its
+    ``--configfile`` layers (for commands that run beside Snakemake: redo, status)."""
+    files, i = [], 0
+    while i < len(args):
+        if args[i].startswith(("--configfile=", "--configfiles=")):
+            files.append(Path(args[i].partition("=")[2]))
+        elif args[i] in ("--configfile", "--configfiles"):
+            while i + 1 < len(args) and not args[i + 1].startswith("-"):
+                files.append(Path(args[i + 1]))
+                i += 1
+        i += 1
+    return validate_config(load_layers(workflow_dir / "config" / "config.yaml", files, {}))
+

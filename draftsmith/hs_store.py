@@ -37,11 +37,12 @@ from safetensors.torch import save, save_file
 from draftsmith.digest import file_sha256, ids_digest, json_digest
 
 FINGERPRINT_KEY = "draftsmith_fingerprint"
+STORED_DTYPE = torch.bfloat16  # whatever the target computed in (see draftsmith.compute)
 
 
-def fingerprint(target: dict, aux_layers: list[int], final_layer: int, backend: str,
-                dtype: str = "bfloat16") -> str:
-    return json_digest({"target": target, "layers": [*aux_layers, final_layer], "backend": backend, "dtype": dtype})
+def fingerprint(target: dict, aux_layers: list[int], final_layer: int, backend: str) -> str:
+    return json_digest({"target": target, "layers": [*aux_layers, final_layer], "backend": backend,
+                        "dtype": str(STORED_DTYPE).removeprefix("torch.")})
 
 
 class HiddenStateStore(ABC):
@@ -158,7 +159,8 @@ class _RowWriter(Writer):
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
         dest = self.store.path(row)
         tmp = dest.with_suffix(".partial")
-        save_file({"hidden_states": hidden_states.contiguous(), "token_ids": token_ids.to(torch.int64).contiguous()},
+        save_file({"hidden_states": hidden_states.to(STORED_DTYPE).contiguous(),
+                   "token_ids": token_ids.to(torch.int64).contiguous()},
                   str(tmp), metadata={FINGERPRINT_KEY: self.store.fingerprint})
         _fsync_replace(tmp, dest)
 
@@ -221,13 +223,24 @@ class ShardStore(HiddenStateStore):
         return {"layout": self.layout, "files": len(shards), "bytes": sum(s["bytes"] for s in shards),
                 "shards": shards}
 
+    def damaged(self, full: bool = True) -> list[Path]:
+        """Shards in use whose size (and sha256, when ``full``) differ from their index entry."""
+        paths = [self.folder / "shards" / s["shard"] for s in self.describe()["shards"]]
+        return [p for p, s in zip(paths, self.describe()["shards"], strict=True)
+                if not p.exists() or p.stat().st_size != s["bytes"] or (full and file_sha256(p) != s["sha256"])]
+
     def verify(self, full: bool = True) -> None:
-        """Every shard in use has its recorded size (and sha256, when ``full``)."""
-        for shard in self.describe()["shards"]:
-            path = self.folder / "shards" / shard["shard"]
-            if path.stat().st_size != shard["bytes"] or (full and file_sha256(path) != shard["sha256"]):
-                raise OSError(f"{path}: does not match its index entry (size or sha256); it is corrupt: delete it "
-                              "and rerun the dataset's hidden_states job to extract its rows again")
+        for path in self.damaged(full)[:1]:
+            raise OSError(f"{path}: does not match its index entry (size or sha256); it is corrupt. Rerun the "
+                          f"dataset's hidden_states job (snakemake --forcerun {self.folder}/manifest.json): it "
+                          "re-extracts the rows of damaged shards only")
+
+    def drop_damaged(self, full: bool = True) -> list[Path]:
+        """Delete damaged shards so that their rows count as missing and are extracted again."""
+        bad = self.damaged(full)
+        for path in bad:
+            path.unlink(missing_ok=True)
+        return bad
 
     def purge_stale(self) -> int:
         used = {shard for shard, _ in self._current().values()}
@@ -255,7 +268,8 @@ class _ShardWriter(Writer):
 
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
         ids = token_ids.to(torch.int64).contiguous()
-        self.tensors[f"{row}.hidden_states"] = hidden_states.contiguous()
+        hidden_states = hidden_states.to(STORED_DTYPE).contiguous()
+        self.tensors[f"{row}.hidden_states"] = hidden_states
         self.tensors[f"{row}.token_ids"] = ids
         self.rows[str(row)] = ids_digest(ids.tolist())
         self.bytes += hidden_states.numel() * hidden_states.element_size() + ids.numel() * 8

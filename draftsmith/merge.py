@@ -89,12 +89,6 @@ def _stats(parts, merged: pa.Table, names: list[str], weights: dict[str, float])
             "datasets": per}
 
 
-def train_rows(merged: Path) -> int:
-    """How many rows of the merged table train (they come first)."""
-    split = pq.read_table(merged, columns=["split"]).column("split").to_pylist()
-    return sum(s == TRAIN for s in split)
-
-
 def train_ratio(n_train: int, n_rows: int) -> float:
     """The ratio that makes speculators' ``int(n_rows * ratio)`` land exactly on ``n_train``
     (half a row of margin absorbs floating-point rounding)."""

@@ -91,7 +91,9 @@ def _lengths(config: dict) -> list[str]:
                      "rows could not be trained on")
     model_len = config["server"]["max_model_len"]
     if model_len is not None:
-        for name, entry in config["datasets"].items():
+        # External endpoints have their own context limits: the managed server's does not apply.
+        managed_generation = config["generation_server"]["mode"] == "managed"
+        for name, entry in config["datasets"].items() if managed_generation else ():
             max_tokens = entry["generation"]["max_tokens"]
             if entry["kind"] == "prompts" and max_tokens >= model_len:
                 found.append(f"datasets.{name}.generation.max_tokens ({max_tokens}) leaves no room for the prompt "

@@ -15,12 +15,13 @@ from pathlib import Path
 from draftsmith.client import RequestFailed
 from draftsmith.config import ConfigError
 from draftsmith.generate import GenerationFailed, GenerationInterrupted
+from draftsmith.hidden_states import ExtractionFailed
 from draftsmith.server import ServerError
 from draftsmith.target import Target, resolve
 from draftsmith.train import TrainingInterrupted
 
 USER_ERRORS = (ValueError, FileNotFoundError, OSError, ServerError, RequestFailed, ConfigError,
-               GenerationInterrupted, GenerationFailed, TrainingInterrupted, KeyboardInterrupt)
+               GenerationInterrupted, GenerationFailed, ExtractionFailed, TrainingInterrupted, KeyboardInterrupt)
 
 
 def base_dir(sm) -> Path:

@@ -56,6 +56,12 @@ class ServerSpec:
     startup_timeout_s: float = 900.0
     speculative_config: dict | None = None
     kv_transfer_config: dict | None = None
+    dtype: str | None = None  # the engine's --dtype; None leaves the engine's default
+
+    def _dtype_args(self) -> list[str]:
+        if self.dtype is None or "--dtype" in self.extra_args:  # a flag the user wrote wins
+            return []
+        return ["--dtype", self.dtype]
 
     def command(self, port: int) -> list[str]:
         if self.engine == "sglang":
@@ -70,7 +76,7 @@ class ServerSpec:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
         if self.kv_transfer_config:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
-        return cmd + list(self.extra_args)
+        return cmd + self._dtype_args() + list(self.extra_args)
 
     def _sglang_command(self, port: int) -> list[str]:
         """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines). EAGLE-3 on SGLang is
@@ -82,7 +88,7 @@ class ServerSpec:
                "--host", self.host, "--port", str(port)]
         if self.max_model_len:
             cmd += ["--context-length", str(self.max_model_len)]
-        return cmd + list(self.extra_args)
+        return cmd + self._dtype_args() + list(self.extra_args)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -179,11 +185,15 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def spec_from_config(model: str, server_cfg: dict, **overrides) -> ServerSpec:
-    """Build a :class:`ServerSpec` from the config's ``server`` slice."""
+    """Build a :class:`ServerSpec` from the config's ``server`` slice (dtype chosen on this machine)."""
+    from draftsmith import compute
+
+    dtype = compute.choose(server_cfg["dtype"])
+    log.info("target computes in %s (%s)", dtype.dtype, dtype.reason)
     fields = {"host": server_cfg["host"], "port": server_cfg["port"], "max_model_len": server_cfg.get("max_model_len"),
               "extra_args": list(server_cfg.get("extra_args", [])),
               "env": {k: str(v) for k, v in server_cfg.get("env", {}).items()},
-              "startup_timeout_s": server_cfg["startup_timeout_s"]}
+              "startup_timeout_s": server_cfg["startup_timeout_s"], "dtype": dtype.dtype}
     return ServerSpec(model=model, **{**fields, **overrides})
 
 

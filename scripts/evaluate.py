@@ -2,6 +2,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from draftsmith import compute
 from draftsmith import evaluate as ev
 from draftsmith.atomic import write_json
 from draftsmith.datasets import load_configured
@@ -42,6 +43,7 @@ def main() -> None:
         for measured in res["drafters"].values():
             measured["speedup"] = measured["output_tok_s"] / base if base and measured["output_tok_s"] else None
     write_json(sm.output.results, {"target": model, "engine": cfg["engine"], "drafters": drafters,
+                                   "compute": compute.choose(server_cfg["dtype"]).as_dict(),
                                    "runs": list(runs.values()), "max_tokens": cfg["max_tokens"],
                                    "concurrency": concurrency, "num_speculative_tokens": cfg["num_speculative_tokens"]})
 

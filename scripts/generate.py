@@ -34,8 +34,7 @@ def main() -> None:
     context = managed_server(generation_spec(target.model, sm.config["server"], gen), Path(sm.log.server)) \
         if managed else nullcontext(None)
     with context as server:
-        health = HealthPolicy(max_consecutive_failures=gen["max_consecutive_connection_failures"],
-                              outage_grace_s=gen["outage_grace_s"])
+        health = HealthPolicy(outage_grace_s=gen["outage_grace_s"])
         client = make_client(server.base_url if server else external_urls(gen), served, settings, gen["api_key_env"],
                              gen["headers"], health=health, max_retry_after_s=gen["max_retry_after_s"])
         stats = asyncio.run(_generate(prompts, client, settings, outputs, limits, name,

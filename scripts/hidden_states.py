@@ -1,11 +1,11 @@
 import asyncio
 import logging
-import shutil
 from pathlib import Path
 
+from draftsmith import compute, target
 from draftsmith import hidden_states as hs
-from draftsmith import target
 from draftsmith.hs_store import fingerprint, open_store
+from draftsmith.plan import bytes_per_token
 from draftsmith.runner import run, target_of
 from draftsmith.server import managed_server, spec_from_config
 
@@ -24,25 +24,33 @@ def main() -> None:
     freed = store.purge_stale()
     if freed:
         log.info("deleted %.1f MiB of hidden states made with other settings", freed / 2**20)
+    if store.layout == "shards":
+        for path in store.drop_damaged(full=ops["verify"] == "sha256"):
+            log.warning("%s is damaged (size or sha256); its rows are extracted again", path)
     rows = hs.read_rows(Path(sm.input.table))
     done = store.done(rows)
     todo = [(i, ids) for i, ids in enumerate(rows) if i not in done]
     log.info("%d of %d rows need hidden states (layers %s + final %d, %s layout)", len(todo), len(rows), aux,
              facts.num_layers, store.layout)
-    hs.check_disk(folder, hs.estimate_bytes(sum(len(t) for _, t in todo), len(aux) + 1, facts.hidden_size))
+    per_token = bytes_per_token(facts.hidden_size, len(aux) + 1)
+    hs.check_disk(folder, per_token * sum(len(t) for _, t in todo))
+    dtype = compute.choose(sm.config["server"]["dtype"])
+    failed: dict[int, str] = {}
     if todo and cfg["backend"] == "transformers":
         with store.writer() as writer:
-            hs.extract_transformers(tgt.model, todo, writer, aux, sm.threads)
+            hs.extract_transformers(tgt.model, todo, writer, aux, sm.threads, dtype.dtype)
     elif todo:
-        staging = folder / ".staging"
-        shutil.rmtree(staging, ignore_errors=True)  # files a killed run staged but never validated
+        staged = 2 if dtype.dtype == "float32" else 1  # the server's file holds what it computed in
+        staging = hs.staging_folder(ops["staging_dir"], folder, sm.wildcards.dataset)
         spec = spec_from_config(tgt.model, sm.config["server"],
                                 **hs.vllm_server_configs(aux, facts.num_layers, staging))
         with managed_server(spec, Path(sm.log.server)) as server, store.writer() as writer:
-            asyncio.run(hs.extract_vllm(server.base_url, todo, writer, ops["concurrency"], ops["request_timeout_s"],
-                                        ops["max_retries"]))
-    manifest = hs.write_manifest(store, rows, Path(sm.output.manifest), backend=cfg["backend"], aux_layers=aux,
-                                 final_layer=facts.num_layers, hidden_size=facts.hidden_size)
+            failed = asyncio.run(hs.extract_vllm(server.base_url, todo, writer, hs.ExtractionPolicy.from_config(ops),
+                                                 lambda tokens: tokens * per_token * staged))
+    hs.check_failures(failed, len(rows), ops["max_error_fraction"], folder / "failures.json")
+    manifest = hs.write_manifest(store, rows, Path(sm.output.manifest), failed, backend=cfg["backend"],
+                                 aux_layers=aux, final_layer=facts.num_layers, hidden_size=facts.hidden_size,
+                                 compute=dtype.as_dict())
     log.info("%s", {k: v for k, v in manifest.items() if k != "shards"})
 
 

@@ -147,3 +147,9 @@ def test_target_sources_resolve_in_one_place(tmp_path):
     assert resolve({"name": "s", "source": str(folder)}, REPO).kind == "folder"
     hub = resolve({"name": "s", "source": "org/model", "revision": "main"}, REPO)
     assert hub.kind == "hub" and hub.model == "org/model"
+
+
+def test_external_generation_is_not_held_to_the_managed_servers_context(tmp_path):
+    long_answers = {"datasets": {"e": {"source": "config/prompts/everyday.jsonl", "generation": {"max_tokens": 2048}}}}
+    external = {"generation_server": {"mode": "external", "base_urls": ["http://127.0.0.1:9/v1"]}}
+    assert problems_of({**long_answers, **external}, tmp_path) == []

@@ -7,7 +7,7 @@ import pytest
 
 from draftsmith import decontaminate as dc
 from draftsmith.datasets import Prompt
-from draftsmith.merge import TRAIN, VALIDATION, merge, train_ratio, train_rows
+from draftsmith.merge import TRAIN, VALIDATION, merge, train_ratio
 from draftsmith.pretokenized import import_tokenized
 
 EVAL = {"mt": [Prompt("m1", ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
@@ -63,7 +63,7 @@ def test_the_split_is_by_prompt_and_made_once(tmp_path):
     assert sum(s == VALIDATION for s in split_of.values()) == 12  # 20% of 60 prompts
     splits = [r["split"] for r in merged]
     assert splits == sorted(splits, key=lambda s: s != TRAIN)  # training rows come first
-    n_train = train_rows(tmp_path / "m.parquet")
+    n_train = pq.read_table(tmp_path / "m.parquet").column("split").to_pylist().count(TRAIN)
     assert n_train == stats["train_rows"] and int(len(merged) * train_ratio(n_train, len(merged))) == n_train
 
 

@@ -12,8 +12,7 @@ from draftsmith.datasets import Prompt
 from draftsmith.generate import GenerationFailed, GenerationSettings, Outputs, generate, make_client
 from tests.sim.reasoning_server import ReasoningSim, SimSettings
 
-FAST_HEALTH = HealthPolicy(trip_after=3, cooldown_s=0.2, cooldown_max_s=1.0, max_consecutive_failures=5,
-                           outage_grace_s=1.0, probe_timeout_s=1.0)
+FAST_HEALTH = HealthPolicy(trip_after=3, cooldown_s=0.2, cooldown_max_s=1.0, outage_grace_s=1.0, probe_timeout_s=1.0)
 
 
 def prompts(n, prefix="q"):
@@ -82,6 +81,19 @@ def test_the_only_endpoint_dying_fails_the_run_and_keeps_the_journal(tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
     journaled = (tmp_path / "j.jsonl").read_text().splitlines()
     assert 90 <= len(journaled) <= 100
+
+
+def test_time_to_fail_is_the_documented_grace_even_while_probes_back_off(tmp_path):
+    # Probes back off to 60 s apart (the default policy): a failure count would stretch the outage
+    # to minutes. The grace is time since the endpoint went out, so the run fails right after it.
+    grace = 3.0
+    settings = GenerationSettings(max_tokens=64, concurrency=8, request_timeout_s=30)
+    with ReasoningSim(SimSettings(latency_s=0.01, die_after=100)) as server:
+        started = time.monotonic()
+        with pytest.raises(GenerationFailed, match=r"no endpoint reachable for [34] s \(outage_grace_s 3\)"):
+            go(server.base_url, prompts(300), tmp_path, settings, health=HealthPolicy(outage_grace_s=grace))
+        elapsed = time.monotonic() - started
+    assert grace <= elapsed < grace + 8
 
 
 def test_reasoning_cut_by_max_tokens_is_an_answer_not_an_error(tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from draftsmith import hidden_states as hs
 from draftsmith.hs_store import ShardStore, ShardTransfer, fingerprint, open_store, write_locations
+from draftsmith.plan import bytes_per_token
 from tests.conftest import REPO
 
 ROWS = [[1, 504, 3300, 28, 2], [1, 9, 10]]
@@ -46,7 +47,7 @@ def test_transformers_backend_writes_the_layout_speculators_reads(target_dir, ta
         normed = model.model.norm(data["hidden_states"][:, 3][None])
     assert torch.allclose(normed.float(), out.hidden_states[-1].float(), atol=0.1, rtol=0.05)
     assert torch.equal(data["hidden_states"][:, 1], out.hidden_states[15][0])
-    manifest = hs.write_manifest(store, rows, tmp_path / "m.json", backend="transformers", aux_layers=aux)
+    manifest = hs.write_manifest(store, rows, tmp_path / "m.json", {}, backend="transformers", aux_layers=aux)
     assert manifest["rows"] == 2 and manifest["tokens"] == 8 and manifest["files"] == 2
 
 
@@ -67,7 +68,9 @@ def test_rows_are_reused_only_with_the_same_token_ids_and_fingerprint(layout, tm
     assert changed.purge_stale() > 0
     assert open_store(tmp_path / "hs", FP, layout).done(ROWS) == set()
     with pytest.raises(RuntimeError, match="2 rows have no valid hidden states"):
-        hs.write_manifest(changed, ROWS, tmp_path / "m.json")
+        hs.write_manifest(changed, ROWS, tmp_path / "m.json", {})
+    # Rows that failed every attempt are the only ones a manifest may leave out.
+    assert hs.write_manifest(changed, ROWS, tmp_path / "m.json", {0: "x", 1: "y"})["failed_rows"] == [0, 1]
 
 
 def test_a_shard_cut_by_a_kill_is_not_taken_as_done(tmp_path):
@@ -130,11 +133,38 @@ def test_a_killed_shard_writer_keeps_every_finished_shard(tmp_path):
     store.verify()
 
 
+def test_a_damaged_shard_heals_on_rerun(tmp_path):
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    for row in (0, 1):
+        with store.writer() as writer:  # one shard per row
+            writer.write(row, *states(ROWS[row]))
+    assert store.done(ROWS) == {0, 1}
+    first = sorted((tmp_path / "hs" / "shards").glob("shard_*.safetensors"))[0]
+    data = bytearray(first.read_bytes())
+    data[-1] ^= 0xFF  # a flipped bit: same size, other sha256
+    first.write_bytes(bytes(data))
+    with pytest.raises(OSError, match=r"corrupt\. Rerun the dataset's hidden_states job"):
+        store.verify()
+    assert store.drop_damaged() == [first]
+    assert store.done(ROWS) == {1}  # only the damaged shard's row is extracted again
+    with store.writer() as writer:
+        writer.write(0, *states(ROWS[0]))
+    store.verify()
+    assert store.done(ROWS) == {0, 1}
+
+
+def test_too_many_failed_rows_fail_the_job_and_are_recorded(tmp_path):
+    hs.check_failures({3: "TimeoutError: slow"}, 100, 0.01, tmp_path / "f.json")
+    assert json.loads((tmp_path / "f.json").read_text()) == {"rows": {"3": "TimeoutError: slow"}}
+    with pytest.raises(hs.ExtractionFailed, match=r"2 of 100 rows have no hidden states.*row 3: TimeoutError"):
+        hs.check_failures({3: "TimeoutError: slow", 7: "x"}, 100, 0.01, tmp_path / "f.json")
+
+
 def test_disk_estimate_refuses_before_work(tmp_path):
-    need = hs.estimate_bytes(total_tokens=10**12, num_slots=4, hidden_size=7168)
+    need = 10**12 * bytes_per_token(7168, 4)
     with pytest.raises(OSError, match=r"hidden states need about .* GiB but only"):
         hs.check_disk(tmp_path, need)
-    hs.check_disk(tmp_path, hs.estimate_bytes(100, 4, 576))
+    hs.check_disk(tmp_path, 100 * bytes_per_token(576, 4))
 
 
 def test_vllm_server_flags_name_the_cpu_connector(tmp_path):

@@ -37,7 +37,7 @@ def test_sglang_command_and_its_limits():
     from draftsmith.server import generation_spec
 
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": 4096, "extra_args": ["--enforce-eager"],
-              "env": {"A": 1}, "startup_timeout_s": 60}
+              "env": {"A": 1}, "startup_timeout_s": 60, "dtype": "float32"}
     gen = {"engine": "sglang", "extra_args": ["--tp", "8", "--reasoning-parser", "kimi_k2"], "env": {"B": "2"}}
     spec = generation_spec("moonshotai/Kimi-K2.5", server, gen)
     cmd = spec.command(30000)
@@ -45,7 +45,7 @@ def test_sglang_command_and_its_limits():
     assert cmd[cmd.index("--model-path") + 1] == "moonshotai/Kimi-K2.5"
     assert cmd[cmd.index("--context-length") + 1] == "4096"
     assert cmd[-4:] == ["--tp", "8", "--reasoning-parser", "kimi_k2"] and "--enforce-eager" not in cmd
-    assert spec.env == {"A": "1", "B": "2"}
+    assert spec.env == {"A": "1", "B": "2"} and cmd[cmd.index("--dtype") + 1] == "float32"
     spec.speculative_config = {"method": "eagle3"}
     with pytest.raises(ValueError, match="extraction runs on vLLM"):
         spec.command(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from draftsmith import compute
 from draftsmith.datasets import Prompt
 from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
 from draftsmith.server import ServerSpec, managed_server
@@ -20,7 +21,7 @@ PROMPTS = [Prompt(f"q{i}", [f"Write one sentence about the number {i}."]) for i 
 def vllm(workdir, tmp_path_factory):
     model = str(workdir / "results" / "models" / "smollm2-135m-instruct")
     spec = ServerSpec(model=model, max_model_len=1024, extra_args=["--enforce-eager"],
-                      env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600)
+                      env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600, dtype=compute.choose().dtype)
     with managed_server(spec, tmp_path_factory.mktemp("server") / "server.log") as server:
         yield server.base_url, model
 

@@ -207,7 +207,7 @@ def test_redo_one_dataset_touches_no_other(workdir, tmp_path):
                                  for p in (work / "results" / "hidden_states" / "everyday").rglob("*") if p.is_file()}
     shards = work / "results" / "hidden_states" / "humaneval" / "shards"
     old = {p.name: p.stat().st_mtime_ns for p in shards.iterdir()}
-    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "hidden_states", "humaneval", "-s",
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "hidden_states", "humaneval", "--yes", "-s",
                            str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
                            "results/hidden_states/humaneval/manifest.json"],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -218,7 +218,7 @@ def test_redo_one_dataset_touches_no_other(workdir, tmp_path):
     for path, (content, mtime) in others.items():
         assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, path
     # The same for answers: the journal goes, so every humaneval prompt is answered again.
-    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "answers", "humaneval", "-s",
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "answers", "humaneval", "--yes", "-s",
                            str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
                            "results/responses/humaneval.jsonl"], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,0 +1,38 @@
+"""The compute dtype follows what the machine runs natively; a user's choice wins."""
+
+import subprocess
+import sys
+
+import pytest
+
+from draftsmith import compute
+from draftsmith.server import ServerSpec, spec_from_config
+
+SERVER = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "extra_args": [], "env": {},
+          "startup_timeout_s": 60, "dtype": "auto"}
+
+
+def test_a_cpu_without_native_bf16_computes_in_fp32():
+    # ATEN_CPU_CAPABILITY=avx2 makes any x86 CPU report what an AVX2-only EPYC reports.
+    code = "from draftsmith import compute; c = compute.choose(); print(c.dtype, '|', c.reason)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"ATEN_CPU_CAPABILITY": "avx2", "PATH": ""}).stdout.strip()
+    assert out == "float32 | CPU capability AVX2, bf16 emulated"
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_auto_follows_the_machine_and_a_set_dtype_wins(monkeypatch, native, expected):
+    monkeypatch.setattr(compute, "bf16_native", lambda: (native, "test"))
+    assert compute.choose("auto").dtype == expected
+    assert compute.choose("bfloat16") == compute.Choice("bfloat16", "set in the config")
+    with pytest.raises(ValueError, match="unknown compute dtype 'fp8'"):
+        compute.choose("fp8")
+
+
+def test_servers_get_the_chosen_dtype_unless_the_user_passed_one(monkeypatch):
+    monkeypatch.setattr(compute, "bf16_native", lambda: (False, "test"))
+    cmd = spec_from_config("m", SERVER).command(1)
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
+    cmd = spec_from_config("m", {**SERVER, "extra_args": ["--dtype", "half"]}).command(1)
+    assert cmd.count("--dtype") == 1 and cmd[cmd.index("--dtype") + 1] == "half"
+    assert "--dtype" not in ServerSpec(model="m").command(1)

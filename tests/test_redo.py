@@ -1,0 +1,66 @@
+"""redo deletes paid-for work: never on a preview, never for a typo, not without asking."""
+
+import os
+
+import pytest
+
+from draftsmith import redo
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A results folder with one dataset's answers and hidden states; snakemake is not started."""
+    journal = tmp_path / "results" / "responses" / ".journal"
+    journal.mkdir(parents=True)
+    (journal / "everyday-abc.jsonl").write_text("x" * 5000)
+    (tmp_path / "results" / "responses" / "everyday.jsonl").write_text("y" * 100)
+    (tmp_path / "results" / "responses" / "humaneval.jsonl").write_text("z")
+    timings = tmp_path / "results" / "timings" / "generate"
+    timings.mkdir(parents=True)
+    (timings / "everyday.tsv").write_text("s\th:m:s\n3600.5\t1:00:00\n")
+    execs = []
+    monkeypatch.setattr(os, "execv", lambda exe, args: execs.append(args))
+    monkeypatch.chdir(REPO)
+    return tmp_path, execs
+
+
+def test_a_dry_run_deletes_nothing_and_says_what_would_go(work, capsys):
+    tmp, execs = work
+    redo.main(["answers", "everyday", "-n", "-d", str(tmp)])
+    assert (tmp / "results" / "responses" / ".journal" / "everyday-abc.jsonl").exists()
+    err = capsys.readouterr().err
+    assert "would remove results/responses/.journal/everyday-abc.jsonl (4.9 KiB)" in err
+    assert "nothing deleted" in err and "made in 60.0 min" in err
+    assert execs[0][-2:] == ["--forcerun", "results/responses/everyday.jsonl"] and "-n" in execs[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["answers", "everydya"], "unknown dataset 'everydya'; the config has everyday, humaneval"),
+    (["answer", "everyday"], "unknown stage 'answer'"),
+])
+def test_a_typo_is_refused_before_anything_runs(work, argv, message):
+    tmp, execs = work
+    with pytest.raises(SystemExit, match=message):
+        redo.main([*argv, "-d", str(tmp)])
+    assert not execs and (tmp / "results" / "responses" / "everyday.jsonl").exists()
+
+
+def test_hours_of_work_are_not_deleted_without_a_yes(work, monkeypatch, capsys):
+    tmp, execs = work
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    with pytest.raises(SystemExit, match=r"\(2 path\(s\), 5.0 KiB, made in 60.0 min\) would be deleted; add --yes"):
+        redo.main(["answers", "everyday", "-d", str(tmp)])
+    assert not execs and (tmp / "results" / "responses" / "everyday.jsonl").exists()
+    redo.main(["answers", "everyday", "--yes", "-d", str(tmp)])
+    assert not (tmp / "results" / "responses" / "everyday.jsonl").exists()
+    assert (tmp / "results" / "responses" / "humaneval.jsonl").exists()  # another dataset: untouched
+    assert "--yes" not in execs[0] and "removed results/responses/everyday.jsonl" in capsys.readouterr().err
+
+
+def test_a_users_configfile_decides_which_datasets_exist(work, tmp_path):
+    tmp, _ = work
+    user = tmp_path / "user.yaml"
+    user.write_text("datasets:\n  mine: {source: config/prompts/everyday.jsonl}\n")
+    with pytest.raises(SystemExit, match="unknown dataset 'everyday'; the config has mine"):
+        redo.main(["answers", "everyday", "--configfile", str(user), "-d", str(tmp)])
