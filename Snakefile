@@ -5,6 +5,9 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 
 
@@ -24,8 +27,13 @@ include: "rules/evaluate.smk"
 include: "rules/plan.smk"
 
 
+onstart:
+    forward_stops_to_jobs()  # stopping Snakemake stops its running jobs (draftsmith/stop.py)
+
+
 rule all:
     default_target: True
     input:
         "results/drafter/final.safetensors",
+        "results/drafter/README.md",
         "results/report/report.md",

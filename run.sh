@@ -4,11 +4,13 @@
 #   ./run.sh -n                   # dry run: what remains to be done
 #   ./run.sh results/drafter/final.safetensors --configfile my.yaml
 #   ./run.sh redo hidden_states DATASET   # redo one dataset's hidden states (or: redo answers DATASET)
+#   ./run.sh status               # how far a run is (answers, hidden states, training, running jobs)
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
-if [[ ${1:-} == redo ]]; then
+if [[ ${1:-} == redo || ${1:-} == status ]]; then
+  command=$1
   shift
-  exec .venv/bin/python -m draftsmith.redo "$@"
+  exec .venv/bin/python -m "draftsmith.$command" "$@"
 fi
 exec .venv/bin/snakemake "$@"

@@ -70,6 +70,10 @@ def sglang_refusal(config: dict) -> str | None:
     if flags:
         return (f"the drafter uses {', '.join(f'{k}=true' for k in flags)}, which SGLang's {SGLANG_ARCHITECTURE} "
                 "does not implement (train with train.architecture: eagle3, or set export.sglang: false)")
+    layer_type = config["transformer_layer_config"].get("model_type", "llama")
+    if layer_type != "llama":
+        return (f"the drafter's decoder layer is {layer_type} (train.draft_arch); SGLang's {SGLANG_ARCHITECTURE} "
+                "is llama")
     layers = config["transformer_layer_config"]["num_hidden_layers"]
     if layers != 1:
         return f"the drafter has {layers} decoder layers; SGLang's {SGLANG_ARCHITECTURE} export here supports 1"

@@ -99,11 +99,17 @@ def plot_training(training: dict, out: Path) -> None:
     _save(fig, out)
 
 
+def _compute(choice: dict | None) -> str:
+    """Which dtype a stage computed in, and why (see draftsmith.compute)."""
+    return f" · computed in **{choice['dtype']}** ({choice['reason']})" if choice else ""
+
+
 def _evaluation(results: dict) -> list[str]:
     lines = [
         f"Target: `{results['target']}` · engine {results['engine']} · {results['num_speculative_tokens']} "
         f"speculative tokens · max_tokens {results['max_tokens']} · concurrency {results['concurrency']} · "
-        "drafters: " + ", ".join(f"{k} `{v}`" for k, v in results["drafters"].items()), "",
+        "drafters: " + ", ".join(f"{k} `{v}`" for k, v in results["drafters"].items())
+        + _compute(results.get("compute")), "",
         "τ is the **pooled** mean acceptance length, 1 + accepted draft tokens / drafts over every draft "
         "of the set, from the EAGLE-3 server's `/metrics` counter deltas.", "",
         "| prompt set | T | prompts | drafter | τ (pooled) | acceptance by position | baseline tok/s | "
@@ -130,8 +136,10 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     exported = chosen["epoch"] + 1 if chosen.get("epoch") is not None else None
     lines = ["## Drafter training", "",
              f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators EAGLE-3"
-             f"{' on CPU' if training['on_cpu'] else ''}; hidden states **{hs.get('mode')}**{layout}, target layers "
-             f"{hs.get('aux_layers')}.{start}",
+             f"{' on CPU' if training['on_cpu'] else ''}{_compute(training.get('compute'))}; hidden states "
+             f"**{hs.get('mode')}**{layout}, target layers {hs.get('aux_layers')}.{start}"
+             + (f" {training['rows_without_hidden_states']} rows left out: their hidden-state extraction failed."
+                if training.get("rows_without_hidden_states") else ""),
              "",
              f"Vocabulary mapping: {vocab['source']}; draft vocabulary {vocab['draft_vocab_size']} of "
              f"{vocab['target_vocab_size']}, covering {vocab['coverage']:.1%} of the supervised training tokens "
@@ -196,7 +204,30 @@ def markdown(inputs: Inputs, plot_name: str, training_plot_name: str) -> str:
     return "\n".join(lines)
 
 
-def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: Path) -> None:
+def evaluation_rows(results: dict) -> list[dict]:
+    """The evaluation table, one row per prompt set, temperature and drafter (for Snakemake's report)."""
+    rows = []
+    for run in results["runs"]:
+        for label, measured in run["drafters"].items():
+            acc = measured["acceptance"]
+            rows.append({"prompt_set": run["set"], "temperature": run["temperature"], "prompts": run["prompts"],
+                         "drafter": label, "tau_pooled": acc["tau_pooled"],
+                         "acceptance_by_position": " ".join(f"{r:.3f}" for r in acc["acceptance_rate_per_position"]),
+                         "baseline_tok_s": run["baseline"]["output_tok_s"], "eagle3_tok_s": measured["output_tok_s"],
+                         "speedup": measured["speedup"]})
+    return rows
+
+
+def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: Path, tsv_out: Path) -> None:
+    import csv
+    import io
+
+    rows = evaluation_rows(inputs.results)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["prompt_set"], delimiter="\t")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(tsv_out, buffer.getvalue())
     plot(inputs.results, png_out)
     plot_training(inputs.training, training_png_out)
     write_text(md_out, markdown(inputs, png_out.name, training_png_out.name))

@@ -48,7 +48,7 @@ def adapt_for_cpu() -> bool:
 
     if torch.accelerator.is_available():
         return False
-    from speculators.train import checkpointer, trainer
+    from speculators.train import checkpointer, cli, trainer
 
     original_init = trainer.Trainer.__init__
 
@@ -60,14 +60,32 @@ def adapt_for_cpu() -> bool:
     trainer.Trainer.__init__ = init_on_cpu
     trainer.torch.accelerator.synchronize = lambda *a, **k: None  # nothing to wait for on the CPU
     checkpointer.get_current_device = lambda: "cpu"
+    cli.maybe_setup_distributed = _setup_distributed_on_cpu
     return True
 
 
-def write_dataset(merged: Path, dest: Path) -> None:
-    """The arrow dataset speculators reads (``input_ids``, ``loss_mask``, ``seq_len``), merged order."""
+def _setup_distributed_on_cpu(sp_size: int = 1) -> None:
+    """speculators' ``maybe_setup_distributed`` for CPU processes under torchrun: the gloo backend,
+    no device to bind. It fills the same module state, so the trainer runs its DDP path unchanged."""
+    import torch.distributed as dist
+    from speculators.train import distributed
+
+    if "LOCAL_RANK" not in os.environ:
+        return distributed.maybe_setup_distributed(sp_size)
+    dist.init_process_group("gloo")
+    distributed._local_rank, distributed._is_distributed = int(os.environ["LOCAL_RANK"]), True
+    distributed._rank, distributed._world_size = dist.get_rank(), dist.get_world_size()
+    distributed._init_sp_process_groups(distributed._rank, distributed._world_size, sp_size)
+    return None
+
+
+def write_dataset(merged: Path, dest: Path, keep: list[int]) -> None:
+    """The arrow dataset speculators reads (``input_ids``, ``loss_mask``, ``seq_len``): the merged rows
+    at positions ``keep``, in merged order (rows without hidden states are left out)."""
+    import pyarrow as pa
     from datasets import Dataset
 
-    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "seq_len"])
+    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "seq_len"]).take(pa.array(keep, pa.int64()))
     with atomic_path(dest) as tmp:
         ds = Dataset.from_dict({name: table.column(name).to_pylist() for name in table.column_names})
         ds.set_format(type="torch")
@@ -77,8 +95,9 @@ def write_dataset(merged: Path, dest: Path) -> None:
 def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path, d2t: Path, t2d: Path,
                      aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path, num_workers: int,
                      from_pretrained: Path | None = None, hidden_states_backend: str = "file",
-                     vllm_endpoint: str | None = None) -> list[str]:
+                     vllm_endpoint: str | None = None, dtype: str = "bfloat16") -> list[str]:
     args: dict = {
+        "hidden-states-dtype": dtype,
         "speculator-type": "eagle3",
         "verifier-name-or-path": verifier,
         "data-path": str(data_dir),
@@ -95,6 +114,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         "total-seq-len": cfg["total_seq_len"],
         "ttt-steps": cfg["ttt_steps"],
         "ttt-step-loss-decay": cfg["ttt_step_loss_decay"],
+        "loss-fn": cfg["loss_fn"],
         "seed": cfg["seed"],
         "num-workers": num_workers,
         "checkpoint-freq": 1,
@@ -109,6 +129,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         args["from-pretrained"] = str(from_pretrained)
     else:
         args["num-layers"] = cfg["num_layers"]
+        args["draft-arch"] = cfg["draft_arch"]
     if vllm_endpoint:
         args.update({"vllm-endpoint": vllm_endpoint, "on-missing": "generate"})
     else:
@@ -120,13 +141,45 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
-    return argv + ([] if from_pretrained else ARCHITECTURE_FLAGS[cfg["architecture"]])
+    model_flags = [] if from_pretrained else ARCHITECTURE_FLAGS[cfg["architecture"]] + (
+        ["--fc-norm"] if cfg["fc_norm"] else [])
+    return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else [])
 
 
 def torchrun_command(nproc: int, metrics_file: Path, argv: list[str]) -> list[str]:
-    """Multi-GPU training: the same worker as a single-process run, under torchrun."""
+    """Several training processes (one per GPU; gloo ranks on a CPU): the same worker as a
+    single-process run, under torchrun."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "draftsmith.train", str(metrics_file), *argv]
+
+
+def interrupted_marker(metrics_file: Path) -> Path:
+    """Where rank 0 of a torchrun says it was interrupted, and where its checkpoint is."""
+    return metrics_file.with_name("interrupted.txt")
+
+
+def train_under_torchrun(nproc: int, metrics_file: Path, argv: list[str], threads: int) -> list[dict]:
+    """Run :func:`torchrun_command` to its end, the job's ``threads`` shared among the ranks (on two
+    cores, oversubscribed OpenMP is ~25x slower). A SIGTERM to this job is passed to torchrun (which
+    passes it to every rank) and waited for, so the ranks save their checkpoint before the job ends."""
+    import signal
+    import subprocess
+
+    marker = interrupted_marker(metrics_file)
+    marker.unlink(missing_ok=True)
+    per_rank = str(max(1, threads // nproc))
+    proc = subprocess.Popen(torchrun_command(nproc, metrics_file, argv),
+                            env={**os.environ, "OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank})
+    previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if marker.exists():
+        raise TrainingInterrupted(marker.read_text())
+    if code != 0:
+        raise RuntimeError(f"torchrun with {nproc} processes exited with code {code} (see the rank logs above)")
+    return read_validation(metrics_file)
 
 
 class _ValidationMetrics(logging.Handler):
@@ -214,6 +267,22 @@ def _resumable(save_dir: Path, state: dict) -> str:
     return f"its state at epoch {epoch + 1}, step {local_step} is saved in {dest}; a rerun resumes from there"
 
 
+TRAIN_LM_HEAD = "--draftsmith-train-lm-head"  # ours, not speculators': removed before its parser sees it
+
+
+def _train_lm_head(trainer_cls) -> None:
+    """Make the draft LM head trainable: speculators copies the target's and freezes it (SpecForge and
+    EAGLE train it). Set after the model is built, before the optimizer collects its parameters."""
+    original = trainer_cls.setup_optimizer
+
+    def setup_optimizer(self, *args, **kwargs):
+        model = getattr(self.model, "module", self.model)  # DDP wraps it
+        model.lm_head.weight.requires_grad_(True)
+        return original(self, *args, **kwargs)
+
+    trainer_cls.setup_optimizer = setup_optimizer
+
+
 def train(argv: list[str], metrics_file: Path) -> list[dict]:
     """Run speculators' trainer in this process; return validation metrics of every epoch so far.
 
@@ -224,6 +293,9 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
 
     from draftsmith import hs_store  # noqa: F401 - registers the sharded hidden-state backend
 
+    if TRAIN_LM_HEAD in argv:
+        argv = [a for a in argv if a != TRAIN_LM_HEAD]
+        _train_lm_head(trainer.Trainer)
     config = TrainConfig.resolve(argv)
     collector = _ValidationMetrics(metrics_file)
     setup_metric_logger = cli.setup_metric_logger
@@ -286,7 +358,13 @@ def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dic
 def main() -> None:
     """``python -m draftsmith.train METRICS_FILE SPECULATORS_ARGS...``: one worker, e.g. under torchrun."""
     adapt_for_cpu()
-    train(sys.argv[2:], Path(sys.argv[1]))
+    metrics_file = Path(sys.argv[1])
+    try:
+        train(sys.argv[2:], metrics_file)
+    except TrainingInterrupted as stop:
+        if int(os.environ.get("RANK", "0")) == 0:
+            interrupted_marker(metrics_file).write_text(str(stop))
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from pathlib import Path
 sys.path.insert(0, workflow.basedir)  # the draftsmith package, when not pip-installed
 
 from draftsmith import preflight, target as targets
+from draftsmith.digest import json_digest
 from draftsmith.config import ConfigError, load_layers, result_view, validate_config
+from draftsmith.stop import forward_stops_to_jobs
 
 # The config is layered here rather than with `configfile:`: a user's datasets and evaluation
 # prompt sets replace the embedded ones instead of being added to them (see draftsmith/config.py).
@@ -33,6 +35,10 @@ RESULT = result_view(
     config
 )  # params are made of this view, so no operational setting reruns a job
 DATASETS = sorted(config["datasets"])
+BASE_MODEL = config["target"]["base_model"] or (
+    TARGET.source if TARGET.kind == "hub" else TARGET.name
+)
+CONFIG_DIGEST = json_digest(RESULT, 16)
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
 

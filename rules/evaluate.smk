@@ -39,8 +39,21 @@ rule report:
         gate="results/drafter/gate.json",
     output:
         markdown="results/report/report.md",
-        plot="results/report/acceptance.png",
-        training_plot="results/report/training.png",
+        plot=report(
+            "results/report/acceptance.png",
+            caption="../report/acceptance.rst",
+            category="Evaluation",
+        ),
+        table=report(
+            "results/report/evaluation.tsv",
+            caption="../report/evaluation.rst",
+            category="Evaluation",
+        ),
+        training_plot=report(
+            "results/report/training.png",
+            caption="../report/training.rst",
+            category="Training",
+        ),
     log:
         "logs/report.log",
     threads: 1
@@ -49,3 +62,31 @@ rule report:
         runtime=10,
     script:
         "../scripts/report.py"
+
+
+rule model_card:
+    """results/drafter/README.md: the hub's model card, every figure from this run's files."""
+    input:
+        results="results/evaluation/results.json",
+        training="results/train/training.json",
+        merge="results/merged/stats.json",
+        prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
+        sglang="results/drafter/sglang",
+    output:
+        card=report(
+            "results/drafter/README.md",
+            caption="../report/model_card.rst",
+            category="Drafter",
+        ),
+    log:
+        "logs/model_card.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    params:
+        base_model=BASE_MODEL,
+        config_digest=CONFIG_DIGEST,
+        train=RESULT["train"],
+    script:
+        "../scripts/model_card.py"

@@ -3,7 +3,9 @@ rule plan:
     input:
         prompts=expand("results/prompts/{dataset}.jsonl", dataset=GENERATED),
     output:
-        markdown="results/plan.md",
+        markdown=report(
+            "results/plan.md", caption="../report/plan.rst", category="Plan"
+        ),
         data="results/plan.json",
     log:
         "logs/plan.log",

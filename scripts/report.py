@@ -17,7 +17,8 @@ def main() -> None:
     inputs = Inputs(results=load(sm.input.results), generation=by_dataset(sm.input.generation),
                     prompts=by_dataset(sm.input.prompts), merge=load(sm.input.merge), vocab=load(sm.input.vocab),
                     training=load(sm.input.training), gate=load(sm.input.gate))
-    write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot))
+    write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot),
+                 Path(sm.output.table))
 
 
 if __name__ == "__main__":

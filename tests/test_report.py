@@ -36,8 +36,12 @@ GATE = {"passed": True, "verdict": "served first-token acceptance 0.140 (validat
 
 def test_report_shows_every_stage_with_plots(tmp_path):
     md, png, train_png = tmp_path / "report.md", tmp_path / "acc.png", tmp_path / "train.png"
-    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE), md, png, train_png)
+    tsv = tmp_path / "evaluation.tsv"
+    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE), md, png, train_png, tsv)
     text = md.read_text()
+    table = tsv.read_text().splitlines()
+    assert table[0].split("\t")[:5] == ["prompt_set", "temperature", "prompts", "drafter", "tau_pooled"]
+    assert table[1].startswith("everyday\t0.0\t3\tfinetuned\t1.234") and len(table) == 1 + 4
     assert "| everyday | 0 | 3 | finetuned | 1.234 | 0.20, 0.03, 0.00 | 40.0 | 32.0 | 0.80× |" in text
     assert "| everyday | 1 | 3 | pretrained | 1.050 | 0.05, 0.00, 0.00 | 41.0 | 31.0 | 0.76× |" in text
     assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | ✔ |" in text and "| 2 | 7.200 | 0.100 | 0.010 | 1.110 |  |" in text
@@ -49,3 +53,23 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "| everyday | 9 | 1 | 6 | 1 | 0 | 1 | 1.0 | 5 | 1 | 150 |" in text
     assert "everyday/bench-1" in text
     assert png.read_bytes()[:4] == train_png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_model_card_is_what_the_hub_shows(tmp_path):
+    import yaml
+
+    from draftsmith.model_card import CardInputs, card
+
+    train_config = {"num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001, "optimizer": "muon",
+                    "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024}
+    text = card(CardInputs(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", config_digest="0123abcd",
+                           datasets=["everyday"], results=RESULTS, training=TRAINING, merge=MERGE, prompts=PROMPTS,
+                           train_config=train_config, sglang_reason="not exported: norm_before_residual=true"))
+    meta = yaml.safe_load(text.split("---\n")[1])
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and meta["datasets"] == ["everyday"]
+    assert "eagle3" in meta["tags"] and meta["license_name"] == "same-as-base-model"
+    assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config" in text
+    assert "no SGLang export was written (not exported: norm_before_residual=true)" in text
+    assert "| everyday | 3 | 0 | 1.234 | 0.20, 0.03, 0.00 |" in text and "| everyday | 3 | 1 | 1.200 |" in text
+    assert "| everyday | 6 | 1 / 1 | 5 | 1 | 150 |" in text
+    assert "Config digest: `0123abcd`" in text and "Exported epoch 1" in text

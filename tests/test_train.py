@@ -6,7 +6,8 @@ from draftsmith import train as tr
 
 CFG = {"num_layers": 1, "epochs": 2, "lr": 1e-3, "optimizer": "muon", "weight_decay": 0.01, "scheduler": "cosine",
        "warmup_steps": None, "warmup_ratio": 0.1, "total_seq_len": 512, "ttt_steps": 3, "ttt_step_loss_decay": 1.0,
-       "seed": 0, "max_steps": None, "architecture": "eagle3"}
+       "seed": 0, "max_steps": None, "architecture": "eagle3", "fc_norm": False, "draft_arch": "llama",
+       "loss_fn": "kl_div", "train_lm_head": False}
 
 
 def args(tmp_path, **kw):
@@ -130,3 +131,20 @@ def test_dataloader_workers_outlive_a_sigterm_to_the_whole_job():
     worker_pid = int(next(loader))
     os.kill(worker_pid, signal.SIGTERM)
     assert [int(b) for b in loader] == [worker_pid] * 5  # the same worker served the rest
+
+
+def test_quality_levers_reach_speculators(tmp_path):
+    from speculators.train.config import TrainConfig
+
+    argv = tr.speculators_args({**CFG, "fc_norm": True, "draft_arch": "qwen3", "loss_fn": "lk_hybrid",
+                                "train_lm_head": True},
+                               verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
+                               d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
+                               train_ratio=0.9, on_cpu=True, log_dir=tmp_path, num_workers=1, dtype="float32")
+    assert argv[-1] == tr.TRAIN_LM_HEAD  # draftsmith's own flag, taken out before speculators parses
+    flat = TrainConfig.resolve(argv[:-1]).flatten()
+    assert (flat["fc_norm"], flat["draft_arch"], flat["loss_fn"], flat["hidden_states_dtype"]) == \
+        (True, "qwen3", "lk_hybrid", "float32")
+    # A warm start takes its model definition from the checkpoint.
+    warm = args(tmp_path, from_pretrained=tmp_path)
+    assert "--fc-norm" not in warm and "--draft-arch" not in warm

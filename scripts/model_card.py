@@ -1,0 +1,27 @@
+import json
+from pathlib import Path
+
+from draftsmith.atomic import write_text
+from draftsmith.model_card import CardInputs, card
+from draftsmith.runner import run
+
+
+def load(path):
+    return json.loads(Path(path).read_text())
+
+
+def main() -> None:
+    not_exported = Path(sm.input.sglang) / "NOT_EXPORTED.txt"
+    inputs = CardInputs(
+        base_model=sm.params.base_model, config_digest=sm.params.config_digest,
+        datasets=sorted(load(sm.input.merge)["datasets"]), results=load(sm.input.results),
+        training=load(sm.input.training), merge=load(sm.input.merge),
+        prompts={Path(p).name.removesuffix(".stats.json"): load(p) for p in sm.input.prompts},
+        train_config=sm.params.train,
+        sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None)
+    write_text(Path(sm.output.card), card(inputs))
+
+
+if __name__ == "__main__":
+    sm = snakemake
+    run(main, sm.log[0])

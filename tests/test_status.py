@@ -1,0 +1,71 @@
+"""./run.sh status reads what the jobs write, and reads a journal only once."""
+
+import json
+
+import pytest
+
+from draftsmith import status
+from draftsmith.config import from_snakemake_args
+from tests.conftest import REPO
+
+
+def record(i, tokens=10, state="ok"):
+    return json.dumps({"format": 2, "id": f"p{i}", "status": state, "usage": {"completion_tokens": tokens}}) + "\n"
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".snakemake").mkdir()
+    (tmp_path / "results/prompts").mkdir(parents=True)
+    (tmp_path / "results/prompts/everyday.jsonl").write_text("{}\n" * 64)
+    journal = tmp_path / "results/responses/.journal/everyday-abc.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("".join(record(i) for i in range(20)) + record(20, state="dropped"))
+    (tmp_path / "logs/generate").mkdir(parents=True)
+    (tmp_path / "logs/generate/everyday.log").write_text(
+        "start\neveryday:  30%|███  | 21/64 [01:08<02:52,  4.02s/rec]\reveryday:  33%|███  | 22/64 [01:10<02:50]")
+    return tmp_path
+
+
+def test_counts_come_from_the_journal_and_eta_from_the_running_job(run_dir):
+    config = from_snakemake_args([], REPO)
+    st = status.collect(config)
+    everyday = next(d for d in st.datasets if d.name == "everyday")
+    assert (everyday.prompts, everyday.answered, everyday.dropped, everyday.completion_tokens) == (64, 20, 1, 210)
+    assert everyday.progress.startswith("everyday:  33%") and "22/64 [01:10<02:50]" in everyday.progress
+    text = status.render(st)
+    assert "everyday" in text and "results/drafter/final.safetensors" in text.split("still missing:")[1]
+
+
+def test_a_journal_is_read_incrementally(run_dir, monkeypatch):
+    config = from_snakemake_args([], REPO)
+    status.collect(config)
+    journal = run_dir / "results/responses/.journal/everyday-abc.jsonl"
+    with journal.open("a") as fh:
+        fh.write(record(21, tokens=5) + record(22, tokens=5)[:20])  # the second is still being written
+    seen = []
+    original = status.json.loads
+    monkeypatch.setattr(status.json, "loads", lambda text: seen.append(text) or original(text))
+    everyday = next(d for d in status.collect(config).datasets if d.name == "everyday")
+    assert everyday.answered == 21 and everyday.completion_tokens == 215
+    journal_lines = [s for s in seen if isinstance(s, bytes)]
+    assert len(journal_lines) == 1  # only the record appended since the last call was parsed
+    with journal.open("a") as fh:
+        fh.write(record(22, tokens=5)[20:])
+    assert next(d for d in status.collect(config).datasets if d.name == "everyday").answered == 22
+
+
+def test_hidden_states_and_training_progress(run_dir):
+    folder = run_dir / "results/hidden_states/everyday"
+    folder.mkdir(parents=True)
+    (folder / "index.jsonl").write_text(json.dumps({"shard": "s0", "rows": {"0": "d", "1": "d"}, "bytes": 2**30})
+                                        + "\n")
+    runs = run_dir / "results/train_runs/abc"
+    runs.mkdir(parents=True)
+    (runs / "validation.jsonl").write_text(json.dumps({"epoch": 0, "full_acc_0_epoch": 0.3}) + "\n"
+                                           + json.dumps({"epoch": 1, "full_acc_0_epoch": 0.4}) + "\n")
+    st = status.collect(from_snakemake_args([], REPO))
+    everyday = next(d for d in st.datasets if d.name == "everyday")
+    assert everyday.hidden_state_rows == 2 and everyday.hidden_state_bytes == 2**30
+    assert st.training.epochs_validated == 2 and st.training.best_simulated_tau == pytest.approx(1.4)
