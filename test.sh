@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=25 "$@"

@@ -43,7 +43,8 @@ def run(main: Callable[[], None], log_path: str, threads: int | None = None) -> 
     sys.stderr = log_file  # progress bars and library warnings land in the rule's log too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         handlers=[logging.StreamHandler(log_file)], force=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the progress
+    for name in ("httpx", "httpx2"):  # one line per request drowns the progress (openai's client logs as httpx2)
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         main()
     except USER_ERRORS as err:

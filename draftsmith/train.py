@@ -168,7 +168,7 @@ def train_under_torchrun(nproc: int, metrics_file: Path, argv: list[str], thread
     marker = interrupted_marker(metrics_file)
     marker.unlink(missing_ok=True)
     per_rank = str(max(1, threads // nproc))
-    proc = subprocess.Popen(torchrun_command(nproc, metrics_file, argv),
+    proc = subprocess.Popen(torchrun_command(nproc, metrics_file, argv), stdout=sys.stderr, stderr=sys.stderr,
                             env={**os.environ, "OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank})
     previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     try:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 import yaml
 
+from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 from tests.e2e.test_workflow import planned_jobs
 
@@ -72,3 +78,37 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
     for a, b in zip(offline, online_v, strict=True):
         assert abs(a["full_acc_0_epoch"] - b["full_acc_0_epoch"]) < 0.05, (a, b)
         assert abs(a["loss_epoch"] - b["loss_epoch"]) < 0.05 * a["loss_epoch"], (a, b)
+
+
+def train_log_steps(work):
+    log = work / "logs" / "train.log"
+    return re.findall(r"'global_step': (\d+)", log.read_text()) if log.exists() else []
+
+
+def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tmp_path):
+    """train.processes 2: two gloo ranks under torchrun on the CPU (the distributed code users run on
+    GPUs, with DDP), on the same data and seed as the one-process run."""
+    work = tmp_path / "ranks"
+    shutil.copytree(workdir, work, symlinks=True)
+    shutil.rmtree(work / "results" / "train_runs")  # same run key (processes are operational): start afresh
+    two = variant(tmp_path, lambda cfg: cfg["train"].update(processes=2))
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile",
+           str(two), "--cores", "2", "--forcerun", "results/train/training.json", "results/train/training.json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 900
+    while len(train_log_steps(work)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    proc.send_signal(signal.SIGTERM)  # a supervisor stopping the workflow
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0
+    train_log = (work / "logs" / "train.log").read_text()
+    assert "training was interrupted" in train_log and "a rerun resumes from there" in train_log, out[-3000:]
+    run_or_fail(work, two, "results/train/training.json")
+    assert "Resuming mid-epoch" in (work / "logs" / "train.log").read_text()
+    one, ranks = validation(workdir), validation(work)
+    assert len(one) == len(ranks)
+    # Two ranks see the same rows in half as many steps of twice the batch: close, not identical.
+    assert abs(one[-1]["full_acc_0_epoch"] - ranks[-1]["full_acc_0_epoch"]) < 0.15, (one[-1], ranks[-1])
+    summary = json.loads((work / "results" / "train" / "training.json").read_text())
+    assert summary["rows"] == json.loads((workdir / "results" / "train" / "training.json").read_text())["rows"]

@@ -1,0 +1,195 @@
+"""Drafter recipes side by side at a fixed data budget, on your own data.
+
+One config (your datasets, evaluation sets, target) and a list of recipes, each a set of ``train:``
+overrides. The data stages (generation, tokenization, merge and split, hidden states, vocabulary)
+run once in ``WORKDIR/shared``; every recipe × seed trains, exports and is evaluated in its own
+folder that links to those results, so only training differs. Every recipe gets the same epochs,
+data and seeds. A recipe × seed already evaluated is picked up, not rerun: a long comparison can be
+run one recipe at a time (``--only``), over several sittings or machines sharing WORKDIR.
+
+Printed and written to ``WORKDIR/recipes.md`` (+ ``recipes.png``): τ per evaluation set at each
+temperature (pooled, from vLLM; mean and spread over seeds), the ratio to the first recipe (by
+default speculators' own recipe), simulated τ from validation, acceptance per draft position,
+training time, the engines that can serve each recipe, and time to quality: the epoch (and training
+wall time) at which a recipe's simulated τ first reached the first recipe's final one.
+
+    .venv/bin/python benchmarks/recipes.py --config my.yaml --workdir /scratch/recipes [--seeds 0 1]
+        [--recipes recipes.yaml] [--only NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from draftsmith.train import simulated_tau  # noqa: E402
+
+# speculators' own recipe first: every ratio is against it.
+DEFAULT_RECIPES = {
+    "speculators": {},
+    "fc_norm": {"fc_norm": True},
+    "lk_hybrid": {"loss_fn": "lk_hybrid"},
+    "qwen3_layer": {"draft_arch": "qwen3"},
+    "ttt7_decay0.8": {"ttt_steps": 7, "ttt_step_loss_decay": 0.8},
+    "lm_head_trained": {"train_lm_head": True},
+}
+SHARED = ("results/models", "results/checks", "results/prompts", "results/responses", "results/tokenized",
+          "results/merged", "results/hidden_states", "results/vocab")
+
+
+def serving_engines(overrides: dict) -> str:
+    """Which engines serve a drafter trained with these overrides (see draftsmith/schema.yaml)."""
+    sglang = not overrides.get("fc_norm") and overrides.get("draft_arch", "llama") == "llama" and \
+        overrides.get("architecture") == "eagle3"
+    return "vLLM, SGLang" if sglang else "vLLM"
+
+
+def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--cores",
+           str(os.cpu_count()), "--configfile", *map(str, configs), *targets]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"recipes: snakemake failed in {work}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def prepare_shared(workdir: Path, config: Path) -> Path:
+    shared = workdir / "shared"
+    snakemake(shared, [config], "results/vocab/d2t.npy", *[
+        f"results/hidden_states/{d}/manifest.json" for d in datasets_of(config)])
+    return shared
+
+
+def datasets_of(config: Path) -> list[str]:
+    from draftsmith.config import from_snakemake_args
+
+    return sorted(from_snakemake_args(["--configfile", str(config)], REPO)["datasets"])
+
+
+def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: dict, seed: int) -> Path:
+    run = workdir / "runs" / f"{name}-seed{seed}"
+    (run / "results").mkdir(parents=True, exist_ok=True)
+    for rel in SHARED:  # links: the recipe reads the shared data and never writes there
+        link = run / rel
+        if not link.exists():
+            link.symlink_to(shared / rel)
+    for meta in (".snakemake",):  # Snakemake's record of the shared jobs, so it reruns none of them
+        if not (run / meta).exists() and (shared / meta).exists():
+            subprocess.run(["cp", "-a", str(shared / meta), str(run / meta)], check=True)
+    overlay = run / "recipe.yaml"
+    overlay.write_text(yaml.safe_dump({"train": {**overrides, "seed": seed}}))
+    if not (run / "results/evaluation/results.json").exists():
+        snakemake(run, [config, overlay], "results/evaluation/results.json")
+    return run
+
+
+def summarise(run: Path) -> dict:
+    results = json.loads((run / "results/evaluation/results.json").read_text())
+    training = json.loads((run / "results/train/training.json").read_text())
+    with (run / "results/timings/train.tsv").open() as fh:
+        seconds = float(next(csv.DictReader(fh, delimiter="\t"))["s"])
+    taus = {(r["set"], r["temperature"]): r["drafters"]["finetuned"]["acceptance"] for r in results["runs"]}
+    return {"tau": {k: v["tau_pooled"] for k, v in taus.items()},
+            "per_position": {k: v["acceptance_rate_per_position"] for k, v in taus.items()},
+            "simulated": [simulated_tau(e) for e in training["validation"]], "train_s": seconds}
+
+
+def pooled(summary: dict, temperature: float) -> float:
+    values = [v for (_, t), v in summary["tau"].items() if t == temperature and v is not None]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def time_to_quality(simulated: list[float], target: float, train_s: float) -> str:
+    for epoch, tau in enumerate(simulated):
+        if tau >= target:
+            return f"epoch {epoch + 1} ({train_s * (epoch + 1) / len(simulated):.0f} s)"
+    return "not reached"
+
+
+def table(recipes: dict, summaries: dict[str, list[dict]]) -> list[str]:
+    first = next(iter(recipes))
+    keys = sorted({k for runs in summaries.values() for s in runs for k in s["tau"]})
+    ref_sim = statistics.fmean(s["simulated"][-1] for s in summaries[first])
+    head = " | ".join(f"{s} T={t:g}" for s, t in keys)
+    lines = [f"| recipe | seeds | {head} | τ T=0 ratio | τ T=1 ratio | simulated τ | per position (T=0, first set) | "
+             "train s | ratio | time to reference τ | served by |",
+             "|---|---:|" + "---:|" * len(keys) + "---:|---:|---:|---|---:|---:|---|---|"]
+    for name, runs in summaries.items():
+        cells = []
+        for k in keys:
+            values = [s["tau"][k] for s in runs]
+            spread = f" ± {(max(values) - min(values)) / 2:.3f}" if len(values) > 1 else ""
+            cells.append(f"{statistics.fmean(values):.3f}{spread}")
+        ratio = {t: statistics.fmean(pooled(s, t) for s in runs) / statistics.fmean(
+            pooled(s, t) for s in summaries[first]) for t in {t for _, t in keys}}
+        train_s = statistics.fmean(s["train_s"] for s in runs)
+        ref_s = statistics.fmean(s["train_s"] for s in summaries[first])
+        per_pos = ", ".join(f"{v:.2f}" for v in runs[0]["per_position"][keys[0]])
+        lines.append(f"| {name} | {len(runs)} | {' | '.join(cells)} | {ratio.get(0.0, float('nan')):.3f} | "
+                     f"{ratio.get(1.0, float('nan')):.3f} | {statistics.fmean(s['simulated'][-1] for s in runs):.3f} | "
+                     f"{per_pos} | {train_s:.0f} | {train_s / ref_s:.2f} | "
+                     f"{time_to_quality(runs[0]['simulated'], ref_sim, runs[0]['train_s'])} | "
+                     f"{serving_engines(recipes[name])} |")
+    return lines
+
+
+def plot(summaries: dict[str, list[dict]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, t in enumerate((0.0, 1.0)):
+        means = [statistics.fmean(pooled(s, t) for s in runs) for runs in summaries.values()]
+        spreads = [(max(pooled(s, t) for s in runs) - min(pooled(s, t) for s in runs)) / 2
+                   for runs in summaries.values()]
+        ax.bar([x + 0.4 * i for x in range(len(means))], means, 0.4, yerr=spreads, label=f"T={t:g}")
+    ax.set_xticks([x + 0.2 for x in range(len(summaries))], list(summaries), rotation=20)
+    ax.set_ylabel("τ (pooled, mean over sets)")
+    ax.set_ylim(bottom=1.0)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--recipes", type=Path, help="YAML mapping of recipe name to train overrides")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--only", help="run this recipe only (others already finished are still reported)")
+    args = parser.parse_args()
+    recipes = yaml.safe_load(args.recipes.read_text()) if args.recipes else DEFAULT_RECIPES
+    config = args.config.resolve()
+    shared = prepare_shared(args.workdir, config)
+    summaries: dict[str, list[dict]] = {}
+    for name, overrides in recipes.items():
+        for seed in args.seeds:
+            run = args.workdir / "runs" / f"{name}-seed{seed}"
+            if args.only in (None, name):
+                run = run_recipe(args.workdir, shared, config, name, overrides or {}, seed)
+            if (run / "results/evaluation/results.json").exists():
+                summaries.setdefault(name, []).append(summarise(run))
+            print(f"recipes: {name} seed {seed}: {'done' if name in summaries else 'not run yet'}", file=sys.stderr)
+    if next(iter(recipes)) not in summaries:
+        raise SystemExit(f"recipes: the reference recipe {next(iter(recipes))!r} has not run yet")
+    lines = ["# Recipes at a fixed data budget", "", *table(recipes, summaries)]
+    (args.workdir / "recipes.md").write_text("\n".join(lines) + "\n")
+    plot(summaries, args.workdir / "recipes.png")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
