@@ -61,7 +61,8 @@ def main() -> None:
     # The draft embedding is the target's own at serving time (SGLang shares it), so the export has none.
     unfilled = [n for n in empty if n != "model.embed_tokens.weight"]
     if unfilled or hot is None:
-        raise SystemExit(f"sglang_load: FAILED: not filled {unfilled}, hot_token_id {'missing' if hot is None else 'ok'}")
+        raise SystemExit(f"sglang_load: FAILED: not filled {unfilled}, "
+                         f"hot_token_id {'missing' if hot is None else 'ok'}")
     print(f"sglang_load: every parameter {'but the shared embedding ' if empty else ''}filled by SGLang's own "
           f"load_weights, shapes as SGLang builds them")
 
