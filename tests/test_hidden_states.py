@@ -180,3 +180,11 @@ def test_the_layers_are_decided_in_one_place(tmp_path):
     assert hs.choose_aux_layers([3, 4, 5], 30, check) == [3, 4, 5]
     assert hs.choose_aux_layers(None, 30, check) == [1, 10, 20]
     assert hs.choose_aux_layers(None, 30, None) == [2, 15, 27]
+
+
+@pytest.mark.parametrize("layout", ["per_row", "shards"])
+def test_states_computed_in_fp32_are_stored_in_bf16(layout, tmp_path):
+    store = open_store(tmp_path / "hs", FP, layout, shard_mb=1)
+    with store.writer() as writer:
+        writer.write(0, torch.full((5, 4, 576), 0.5, dtype=torch.float32), torch.tensor(ROWS[0]))
+    assert store.read(0)["hidden_states"].dtype == torch.bfloat16

@@ -148,3 +148,14 @@ def test_quality_levers_reach_speculators(tmp_path):
     # A warm start takes its model definition from the checkpoint.
     warm = args(tmp_path, from_pretrained=tmp_path)
     assert "--fc-norm" not in warm and "--draft-arch" not in warm
+
+
+def test_muon_orthogonalises_in_fp32_where_bf16_is_emulated():
+    import torch
+    from torch.optim import _muon
+
+    grad = torch.randn(64, 192, generator=torch.Generator().manual_seed(0))
+    ours = tr._newton_schulz_fp32(grad, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7)
+    theirs = _muon._zeropower_via_newtonschulz(grad, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7)
+    assert ours.dtype == torch.float32 and theirs.dtype == torch.bfloat16
+    assert torch.allclose(ours, theirs.float(), atol=0.05)  # the same iteration, without bf16 rounding

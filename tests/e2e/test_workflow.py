@@ -15,6 +15,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
+from draftsmith import compute
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 
@@ -122,7 +123,7 @@ def test_vllm_and_transformers_hidden_states_agree(workdir, tmp_path):
     check = open_store(tmp_path / "hs", "check", "per_row")
     with check.writer() as writer:
         extract_transformers(str(workdir / "results" / "models" / "smollm2-135m-instruct"), [(0, ids)], writer,
-                             [2, 15, 27], threads=1)
+                             [2, 15, 27], threads=1, dtype=compute.choose().dtype)
     ours = check.read(0)["hidden_states"].float()
     vllm = open_store(folder, manifest["fingerprint"], "shards").read(0)["hidden_states"].float()
     assert ours.shape == vllm.shape
