@@ -235,3 +235,15 @@ def test_changing_aux_layers_reruns_hidden_states_and_what_follows(workdir, tmp_
     jobs = planned_jobs(proc.stdout)
     assert {("hidden_states", "everyday"), ("hidden_states", "humaneval"), ("train", ""), ("export", "")} <= jobs
     assert not {j for j in jobs if j[0] in ("generate", "tokenize")}
+
+
+def test_snakemakes_own_report_holds_the_plots_and_the_card(workdir, tmp_path):
+    import zipfile
+
+    proc = snakemake(workdir, "--report", str(tmp_path / "report.zip"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = zipfile.ZipFile(tmp_path / "report.zip").namelist()
+    for item in ("acceptance.png", "training.png", "evaluation.tsv", "README.md", "report.html"):
+        assert any(n.endswith(item) for n in names), (item, names)
+    card = (workdir / "results" / "drafter" / "README.md").read_text()
+    assert card.startswith("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct") and "vllm serve" in card
