@@ -305,6 +305,28 @@ def _train_lm_head(trainer_cls) -> None:
     trainer_cls.setup_optimizer = setup_optimizer
 
 
+def _weights_in_fp32(trainer_cls) -> None:
+    """A warm-started drafter arrives in its checkpoint's bf16; computing in fp32 (no autocast on a CPU
+    without native bf16) needs fp32 weights, as a drafter trained from scratch already has."""
+    original = trainer_cls.setup_model
+
+    def setup_model(self, *args, **kwargs):
+        self.model.float()
+        return original(self, *args, **kwargs)
+
+    trainer_cls.setup_model = setup_model
+
+
+def _stop_dataloader_workers() -> None:
+    """After a failed step the trainer's dataloader workers are still up, and they ignore SIGTERM
+    (:func:`_keep_workers_through_sigterm`): multiprocessing's exit handler would wait for them
+    forever. The job is failing anyway; end them."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+
+
 def train(argv: list[str], metrics_file: Path) -> list[dict]:
     """Run speculators' trainer in this process; return validation metrics of every epoch so far.
 
@@ -321,6 +343,7 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
     config = TrainConfig.resolve(argv)
     if config.flatten()["hidden_states_dtype"] == "float32":
         _muon_in_fp32()  # computing in fp32 because bf16 is not native here: the optimizer too
+        _weights_in_fp32(trainer.Trainer)
     collector = _ValidationMetrics(metrics_file)
     setup_metric_logger = cli.setup_metric_logger
     state: dict = {}
@@ -337,6 +360,9 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
     cli.setup_metric_logger = setup_then_collect
     try:
         cli.main(config)
+    except BaseException:
+        _stop_dataloader_workers()
+        raise
     finally:
         cli.setup_metric_logger = setup_metric_logger
         logging.getLogger("speculators.metrics").removeHandler(collector)

@@ -159,3 +159,21 @@ def test_muon_orthogonalises_in_fp32_where_bf16_is_emulated():
     theirs = _muon._zeropower_via_newtonschulz(grad, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7)
     assert ours.dtype == torch.float32 and theirs.dtype == torch.bfloat16
     assert torch.allclose(ours, theirs.float(), atol=0.05)  # the same iteration, without bf16 rounding
+
+
+def _ignore_sigterm_and_sleep():
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(60)
+
+
+def test_a_failed_step_does_not_leave_workers_that_block_the_exit():
+    import multiprocessing
+
+    worker = multiprocessing.get_context("spawn").Process(target=_ignore_sigterm_and_sleep, daemon=True)
+    worker.start()
+    tr._stop_dataloader_workers()
+    worker.join(10)
+    assert not worker.is_alive()

@@ -22,4 +22,4 @@ def test_the_gpu_check_stops_cleanly_without_cuda(workdir, tmp_path):
     assert "gpu_check: dry run: ok" in proc.stderr and "no CUDA device here" in proc.stderr
     assert "Traceback" not in proc.stderr
     planned = (tmp_path / "dry_run.log").read_text()
-    assert "rule train:" in planned and "hidden_states" in planned and "generate" not in planned
+    assert "rule train:" in planned and "rule hidden_states:" in planned and "rule generate:" not in planned

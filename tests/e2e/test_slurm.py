@@ -94,7 +94,8 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_pa
     (state,) = (work / "results" / "train_runs").glob("*/checkpoints/*/training_state.json")
     saved_step = json.loads(state.read_text())["global_step"]
     assert 0 < saved_step <= canceller.cancelled_at_step + 1
-    third = snakemake_slurm(work, config)
+    # Evaluation and the report run locally in the main e2e run; here the drafter is the target.
+    third = snakemake_slurm(work, config, "results/drafter/final.safetensors")
     wall = time.monotonic() - started
     assert third.returncode == 0, third.stdout[-4000:] + third.stderr[-4000:]
     # Generation resumed from its journal: nothing journaled was sent again.
@@ -106,8 +107,7 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_pa
     # Every job ran as a SLURM job: its log is under logs/slurm, and the controller saw it.
     rules = {p.name.removeprefix("rule_") for p in (work / "logs" / "slurm").iterdir()}
     assert {"prepare_target", "preflight", "prompts", "generate", "tokenize", "hidden_states", "merge", "vocab",
-            "train", "export", "evaluate", "report"} <= rules
-    assert (work / "results" / "report" / "report.md").exists()
+            "train", "export"} <= rules
     gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
     assert gate["passed"]
     print(f"\nSLURM run: {wall:.0f} s wall (three attempts); generate resent {stats['prompts_sent_this_run']} of 32 "
