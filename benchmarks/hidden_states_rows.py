@@ -65,24 +65,27 @@ def main() -> None:
         threading.Thread(target=write, daemon=True).start()
 
     with tempfile.TemporaryDirectory() as tmp:
-        staging, store = Path(tmp) / "staging", ShardStore(Path(tmp) / "store", "bench", shard_mb=1024)
+        staging, folder = Path(tmp) / "staging", Path(tmp) / "store"
         staging.mkdir()
+        folder.mkdir()
+        store = ShardStore(folder, "bench", shard_mb=1024)
         waits: list[float] = []
 
-        async def one(row: int, slots: asyncio.Semaphore, writer) -> None:
+        async def one(row: int, slots: asyncio.Semaphore, writing: asyncio.Lock, writer) -> None:
             async with slots:
                 path = str(staging / f"hs_{row}.safetensors")
                 engine_writes(path)
                 waits.append(await wait_written(path, policy.write_timeout_s(row_bytes)))
                 states = await asyncio.to_thread(load_file, path)
                 check_hidden_states(states, tokens)
-                await asyncio.to_thread(writer.write, row, states["hidden_states"], states["token_ids"])
+                async with writing:  # one shard writer, as in extract_vllm
+                    await asyncio.to_thread(writer.write, row, states["hidden_states"], states["token_ids"])
                 os.unlink(path)
 
         async def run() -> None:
-            slots = asyncio.Semaphore(args.concurrency)
+            slots, writing = asyncio.Semaphore(args.concurrency), asyncio.Lock()
             with store.writer() as writer:
-                await asyncio.gather(*(one(r, slots, writer) for r in range(args.rows)))
+                await asyncio.gather(*(one(r, slots, writing, writer) for r in range(args.rows)))
 
         started = time.monotonic()
         asyncio.run(run())
