@@ -82,7 +82,8 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
 
 def train_log_steps(work):
     log = work / "logs" / "train.log"
-    return re.findall(r"'global_step': (\d+)", log.read_text()) if log.exists() else []
+    # speculators logs a dict in one process and key=value lines (rich) under torchrun
+    return re.findall(r"global_step(?:': |=)(\d+)", log.read_text()) if log.exists() else []
 
 
 def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tmp_path):
@@ -93,7 +94,7 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     shutil.rmtree(work / "results" / "train_runs")  # same run key (processes are operational): start afresh
     two = variant(tmp_path, lambda cfg: cfg["train"].update(processes=2))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile",
-           str(two), "--cores", "2", "--forcerun", "results/train/training.json", "results/train/training.json"]
+           str(two), "--cores", "2", "results/train/training.json", "--forcerun", "results/train/training.json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 900
     while len(train_log_steps(work)) < 3 and proc.poll() is None and time.monotonic() < deadline:
@@ -108,7 +109,9 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     assert "Resuming mid-epoch" in (work / "logs" / "train.log").read_text()
     one, ranks = validation(workdir), validation(work)
     assert len(one) == len(ranks)
-    # Two ranks see the same rows in half as many steps of twice the batch: close, not identical.
-    assert abs(one[-1]["full_acc_0_epoch"] - ranks[-1]["full_acc_0_epoch"]) < 0.15, (one[-1], ranks[-1])
+    # Two ranks see the same rows in half as many optimizer steps of twice the batch, so they learn
+    # less in the same epochs (measured: full_acc_0 0.194 vs 0.326): learning, in the same range.
+    assert ranks[-1]["full_acc_0_epoch"] > 0.1, ranks[-1]
+    assert abs(one[-1]["full_acc_0_epoch"] - ranks[-1]["full_acc_0_epoch"]) < 0.2, (one[-1], ranks[-1])
     summary = json.loads((work / "results" / "train" / "training.json").read_text())
     assert summary["rows"] == json.loads((workdir / "results" / "train" / "training.json").read_text())["rows"]
