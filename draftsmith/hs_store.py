@@ -225,8 +225,8 @@ class ShardStore(HiddenStateStore):
 
     def damaged(self, full: bool = True) -> list[Path]:
         """Shards in use whose size (and sha256, when ``full``) differ from their index entry."""
-        paths = [self.folder / "shards" / s["shard"] for s in self.describe()["shards"]]
-        return [p for p, s in zip(paths, self.describe()["shards"], strict=True)
+        shards = [(self.folder / "shards" / s["shard"], s) for s in self.describe()["shards"]]
+        return [p for p, s in shards
                 if not p.exists() or p.stat().st_size != s["bytes"] or (full and file_sha256(p) != s["sha256"])]
 
     def verify(self, full: bool = True) -> None:
