@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -70,13 +71,17 @@ def count_lines(path: Path, cache: dict) -> int:
     return cache[key]
 
 
+def log_tail(log: Path, size: int = 4096) -> str:
+    if not log.exists():
+        return ""
+    with log.open("rb") as fh:
+        fh.seek(max(0, log.stat().st_size - size))
+        return fh.read().decode(errors="replace")
+
+
 def last_progress(log: Path) -> str | None:
     """The running job's last progress bar (done/total, rate, ETA), from the end of its log."""
-    if not log.exists():
-        return None
-    with log.open("rb") as fh:
-        fh.seek(max(0, log.stat().st_size - 4096))
-        tail = fh.read().decode(errors="replace")
+    tail = log_tail(log)
     bars = [b.strip() for b in re.split(r"[\r\n]", tail) if "%|" in b]
     return bars[-1] if bars else None
 
@@ -139,7 +144,7 @@ class TrainingStatus:
     epochs_validated: int = 0
     epochs: int | None = None
     best_simulated_tau: float | None = None
-    progress: str | None = None
+    global_step: int | None = None
     done: bool = False
 
 
@@ -153,8 +158,9 @@ def training_status(epochs: int) -> TrainingStatus:
         st.run = runs[-1].parent.name
         st.epochs_validated = len(validation)
         st.best_simulated_tau = max((simulated_tau(v) for v in validation), default=None)
-    if not st.done:
-        st.progress = last_progress(Path("logs/train.log"))
+    if not st.done:  # speculators logs a dict in one process, key=value lines under torchrun
+        steps = re.findall(r"global_step(?:': |=)(\d+)", log_tail(Path("logs/train.log"), 65536))
+        st.global_step = int(steps[-1]) if steps else None
     return st
 
 
@@ -217,7 +223,8 @@ def render(status: Status) -> str:
     t = status.training
     tau = f"{t.best_simulated_tau:.3f}" if t.best_simulated_tau is not None else "–"
     lines.append(f"training: {'done' if t.done else 'run ' + (t.run or '–')}, {t.epochs_validated} of {t.epochs} "
-                 f"epochs validated, best simulated τ {tau}" + (f"; {t.progress}" if t.progress else ""))
+                 f"epochs validated, best simulated τ {tau}"
+                 + (f"; optimizer step {t.global_step}" if t.global_step is not None else ""))
     lines.append("running now: " + ("; ".join(status.running) if status.running else "nothing"))
     lines.append("still missing: " + (", ".join(status.missing) if status.missing else "nothing"))
     return "\n".join(lines)
@@ -225,8 +232,6 @@ def render(status: Status) -> str:
 
 def main(argv: list[str]) -> None:
     """``python -m draftsmith.status [-d WORKDIR] [--configfile FILE ...] [--json]``"""
-    import os
-
     config = from_snakemake_args(argv, Path(__file__).resolve().parents[1])
     if "-d" in argv or "--directory" in argv:
         flag = "-d" if "-d" in argv else "--directory"

@@ -65,7 +65,9 @@ def test_hidden_states_and_training_progress(run_dir):
     runs.mkdir(parents=True)
     (runs / "validation.jsonl").write_text(json.dumps({"epoch": 0, "full_acc_0_epoch": 0.3}) + "\n"
                                            + json.dumps({"epoch": 1, "full_acc_0_epoch": 0.4}) + "\n")
+    (run_dir / "logs/train.log").write_text("{'train': {}, 'global_step': 11}\n... global_step=12\n")
     st = status.collect(from_snakemake_args([], REPO))
+    assert st.training.global_step == 12 and "optimizer step 12" in status.render(st)
     everyday = next(d for d in st.datasets if d.name == "everyday")
     assert everyday.hidden_state_rows == 2 and everyday.hidden_state_bytes == 2**30
     assert st.training.epochs_validated == 2 and st.training.best_simulated_tau == pytest.approx(1.4)
