@@ -93,7 +93,8 @@ def test_time_to_fail_is_the_documented_grace_even_while_probes_back_off(tmp_pat
         with pytest.raises(GenerationFailed, match=r"no endpoint reachable for [34] s \(outage_grace_s 3\)"):
             go(server.base_url, prompts(300), tmp_path, settings, health=HealthPolicy(outage_grace_s=grace))
         elapsed = time.monotonic() - started
-    assert grace <= elapsed < grace + 8
+    # Generous for a slow machine; a failure count with probes backing off to 60 s took minutes.
+    assert grace <= elapsed < 60
 
 
 def test_reasoning_cut_by_max_tokens_is_an_answer_not_an_error(tmp_path):
