@@ -1,6 +1,6 @@
 """The workflow through a real SLURM (tests/slurm/setup.sh makes a local one-node cluster).
 
-One run of the e2e config through the slurm profile, with the faults of a cluster on the way:
+A run of the e2e config through the slurm profile, with the faults of a cluster on the way:
 the first generate job of `everyday` hits its runtime limit (SLURM signals it, then kills it),
 the train job is scancel'ed after a few steps; the rerun resumes both. Skipped, with the reason,
 where no SLURM answers.
@@ -72,13 +72,20 @@ class CancelTrainAfterSteps(threading.Thread):
 
 
 @skip
-def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_path):
+def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(workdir, tmp_path):
+    """Starts from the main e2e run with more and longer `everyday` answers: that dataset's stages,
+    the merge, training and export run as SLURM jobs; `humaneval` and the target are reused."""
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg["datasets"]["everyday"].update(max_samples=32, generation={"max_tokens": 192, "concurrency": 8})
     cfg["train"]["epochs"] = 2
     config = tmp_path / "slurm.yaml"
     config.write_text(yaml.safe_dump(cfg))
     work = tmp_path / "work"
+    shutil.copytree(workdir, work, symlinks=True)
+    shutil.rmtree(work / "results" / "train_runs")  # only this run's checkpoints count below
+    (work / "logs" / "train.log").unlink()  # only this run's steps count for the scancel
+    for old in (work / "results" / "responses" / ".journal").glob("everyday-*.jsonl"):
+        old.unlink()  # the main run's answers (other settings): only this run's journal is read below
     canceller = CancelTrainAfterSteps(work, steps=4)
     canceller.start()
     started = time.monotonic()
@@ -106,8 +113,7 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(tmp_pa
     assert f"Resuming mid-epoch from epoch=0 local_step={saved_step}" in train_log
     # Every job ran as a SLURM job: its log is under logs/slurm, and the controller saw it.
     rules = {p.name.removeprefix("rule_") for p in (work / "logs" / "slurm").iterdir()}
-    assert {"prepare_target", "preflight", "prompts", "generate", "tokenize", "hidden_states", "merge", "vocab",
-            "train", "export"} <= rules
+    assert {"prompts", "generate", "tokenize", "hidden_states", "merge", "vocab", "train", "export"} <= rules
     gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
     assert gate["passed"]
     print(f"\nSLURM run: {wall:.0f} s wall (three attempts); generate resent {stats['prompts_sent_this_run']} of 32 "
