@@ -33,6 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from draftsmith.export import sglang_refusal  # noqa: E402
 from draftsmith.train import simulated_tau  # noqa: E402
 
 # speculators' own recipe first: every ratio is against it.
@@ -46,13 +47,6 @@ DEFAULT_RECIPES = {
 }
 SHARED = ("results/models", "results/checks", "results/prompts", "results/responses", "results/tokenized",
           "results/merged", "results/hidden_states", "results/vocab")
-
-
-def serving_engines(overrides: dict) -> str:
-    """Which engines serve a drafter trained with these overrides (see draftsmith/schema.yaml)."""
-    sglang = not overrides.get("fc_norm") and overrides.get("draft_arch", "llama") == "llama" and \
-        overrides.get("architecture") == "eagle3"
-    return "vLLM, SGLang" if sglang else "vLLM"
 
 
 def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
@@ -101,7 +95,9 @@ def summarise(run: Path) -> dict:
     taus = {(r["set"], r["temperature"]): r["drafters"]["finetuned"]["acceptance"] for r in results["runs"]}
     return {"tau": {k: v["tau_pooled"] for k, v in taus.items()},
             "per_position": {k: v["acceptance_rate_per_position"] for k, v in taus.items()},
-            "simulated": [simulated_tau(e) for e in training["validation"]], "train_s": seconds}
+            "simulated": [simulated_tau(e) for e in training["validation"]], "train_s": seconds,
+            "served_by": "vLLM" if sglang_refusal(json.loads((run / "results/drafter/config.json").read_text()))
+            else "vLLM, SGLang"}
 
 
 def pooled(summary: dict, temperature: float) -> float:
@@ -116,8 +112,8 @@ def time_to_quality(simulated: list[float], target: float, train_s: float) -> st
     return "not reached"
 
 
-def table(recipes: dict, summaries: dict[str, list[dict]]) -> list[str]:
-    first = next(iter(recipes))
+def table(summaries: dict[str, list[dict]]) -> list[str]:
+    first = next(iter(summaries))
     keys = sorted({k for runs in summaries.values() for s in runs for k in s["tau"]})
     ref_sim = statistics.fmean(s["simulated"][-1] for s in summaries[first])
     head = " | ".join(f"{s} T={t:g}" for s, t in keys)
@@ -139,7 +135,7 @@ def table(recipes: dict, summaries: dict[str, list[dict]]) -> list[str]:
                      f"{ratio.get(1.0, float('nan')):.3f} | {statistics.fmean(s['simulated'][-1] for s in runs):.3f} | "
                      f"{per_pos} | {train_s:.0f} | {train_s / ref_s:.2f} | "
                      f"{time_to_quality(runs[0]['simulated'], ref_sim, runs[0]['train_s'])} | "
-                     f"{serving_engines(recipes[name])} |")
+                     f"{runs[0]['served_by']} |")
     return lines
 
 
@@ -185,7 +181,7 @@ def main() -> None:
             print(f"recipes: {name} seed {seed}: {'done' if name in summaries else 'not run yet'}", file=sys.stderr)
     if next(iter(recipes)) not in summaries:
         raise SystemExit(f"recipes: the reference recipe {next(iter(recipes))!r} has not run yet")
-    lines = ["# Recipes at a fixed data budget", "", *table(recipes, summaries)]
+    lines = ["# Recipes at a fixed data budget", "", *table(summaries)]
     (args.workdir / "recipes.md").write_text("\n".join(lines) + "\n")
     plot(summaries, args.workdir / "recipes.png")
     print("\n".join(lines))

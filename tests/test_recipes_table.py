@@ -1,0 +1,33 @@
+"""benchmarks/recipes.py's table: ratios against the first recipe, spread over seeds, time to quality."""
+
+import importlib.util
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("recipes", REPO / "benchmarks" / "recipes.py")
+recipes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(recipes)
+
+
+def summary(tau0: float, tau1: float, simulated: list[float], train_s: float, served_by: str) -> dict:
+    return {"served_by": served_by, "tau": {("everyday", 0.0): tau0, ("everyday", 1.0): tau1},
+            "per_position": {("everyday", 0.0): [0.5, 0.2], ("everyday", 1.0): [0.4, 0.1]},
+            "simulated": simulated, "train_s": train_s}
+
+
+def test_ratios_spread_and_time_to_quality_are_against_the_first_recipe():
+    runs = {"speculators": [summary(1.5, 1.2, [1.1, 1.3], 100, "vLLM, SGLang"),
+                            summary(1.7, 1.2, [1.1, 1.3], 100, "vLLM, SGLang")],
+            "fc_norm": [summary(1.8, 1.3, [1.35, 1.4], 120, "vLLM"), summary(1.8, 1.1, [1.2, 1.4], 120, "vLLM")]}
+    lines = recipes.table(runs)
+    reference, fc_norm = (line.split(" | ") for line in lines[2:])
+    assert reference[2:4] == ["1.600 ± 0.100", "1.200 ± 0.000"]  # mean ± half the range over seeds
+    assert reference[4:6] == ["1.000", "1.000"]
+    assert fc_norm[4:6] == ["1.125", "1.000"]  # 1.8 / 1.6 at T=0; 1.2 / 1.2 at T=1
+    assert fc_norm[9] == "1.20"  # training time ratio
+    assert fc_norm[10] == "epoch 1 (60 s)"  # its first seed reached the reference's final 1.3 in epoch 1
+    assert reference[11].rstrip(" |") == "vLLM, SGLang" and fc_norm[11].rstrip(" |") == "vLLM"
+
+
+def test_a_recipe_that_never_reaches_the_reference_says_so():
+    assert recipes.time_to_quality([1.0, 1.1], 1.3, 50) == "not reached"
