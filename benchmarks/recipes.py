@@ -50,8 +50,9 @@ SHARED = ("results/models", "results/checks", "results/prompts", "results/respon
 
 
 def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
+    # targets before --configfile, which takes every argument after it
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--cores",
-           str(os.cpu_count()), "--configfile", *map(str, configs), *targets]
+           str(os.cpu_count()), *targets, "--configfile", *map(str, configs)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"recipes: snakemake failed in {work}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
