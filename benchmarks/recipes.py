@@ -49,11 +49,14 @@ SHARED = ("results/models", "results/checks", "results/prompts", "results/respon
           "results/merged", "results/hidden_states", "results/vocab")
 
 
-def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
+def snakemake_command(work: Path, configs: list[Path], *targets: str) -> list[str]:
     # targets before --configfile, which takes every argument after it
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--cores",
-           str(os.cpu_count()), *targets, "--configfile", *map(str, configs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--cores",
+            str(os.cpu_count()), *targets, "--configfile", *map(str, configs)]
+
+
+def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
+    proc = subprocess.run(snakemake_command(work, configs, *targets), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"recipes: snakemake failed in {work}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 

@@ -31,3 +31,15 @@ def test_ratios_spread_and_time_to_quality_are_against_the_first_recipe():
 
 def test_a_recipe_that_never_reaches_the_reference_says_so():
     assert recipes.time_to_quality([1.0, 1.1], 1.3, 50) == "not reached"
+
+
+def test_snakemake_reads_the_targets_as_targets_and_every_config(tmp_path):
+    """--configfile takes every argument after it: the targets must come first (they were read as
+    config files once)."""
+    from snakemake.cli import get_argument_parser
+
+    configs = [tmp_path / "base.yaml", tmp_path / "recipe.yaml"]
+    argv = recipes.snakemake_command(tmp_path, configs, "results/vocab/d2t.npy", "results/x.json")
+    args = get_argument_parser().parse_args(argv[3:])
+    assert args.targets == ["results/vocab/d2t.npy", "results/x.json"]
+    assert args.configfile == configs
