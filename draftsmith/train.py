@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 # The original EAGLE-3 decoder layer (what SGLang's LlamaForCausalLMEagle3 computes) versus
 # speculators' variant with extra norms (vLLM only).
+NO_NORM_BEFORE_FC = "--no-norm-before-fc"
 ARCHITECTURE_FLAGS = {
-    "eagle3": ["--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output"],
+    "eagle3": ["--no-norm-before-residual", NO_NORM_BEFORE_FC, "--no-norm-output"],
     "speculators": [],
 }
 
@@ -141,8 +142,10 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
-    model_flags = [] if from_pretrained else ARCHITECTURE_FLAGS[cfg["architecture"]] + (
-        ["--fc-norm"] if cfg["fc_norm"] else [])
+    model_flags = [] if from_pretrained else list(ARCHITECTURE_FLAGS[cfg["architecture"]])
+    if cfg["fc_norm"] and not from_pretrained:
+        # EAGLE-3.1's per-layer norm replaces the one norm before fc (speculators refuses both)
+        model_flags += ["--fc-norm"] + ([] if NO_NORM_BEFORE_FC in model_flags else [NO_NORM_BEFORE_FC])
     return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else [])
 
 

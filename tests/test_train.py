@@ -145,6 +145,15 @@ def test_quality_levers_reach_speculators(tmp_path):
     flat = TrainConfig.resolve(argv[:-1]).flatten()
     assert (flat["fc_norm"], flat["draft_arch"], flat["loss_fn"], flat["hidden_states_dtype"]) == \
         (True, "qwen3", "lk_hybrid", "float32")
+    # With either architecture, fc_norm replaces the norm before fc: speculators refuses both.
+    for architecture in tr.ARCHITECTURE_FLAGS:
+        argv = tr.speculators_args({**CFG, "architecture": architecture, "fc_norm": True},
+                                   verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
+                                   d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
+                                   train_ratio=0.9, on_cpu=True, log_dir=tmp_path, num_workers=1, dtype="float32")
+        draft = TrainConfig.resolve(argv).flatten()
+        assert draft["fc_norm"] and not draft["norm_before_fc"], architecture
+        assert argv.count(tr.NO_NORM_BEFORE_FC) == 1
     # A warm start takes its model definition from the checkpoint.
     warm = args(tmp_path, from_pretrained=tmp_path)
     assert "--fc-norm" not in warm and "--draft-arch" not in warm
