@@ -25,7 +25,8 @@ def test_ratios_spread_and_time_to_quality_are_against_the_first_recipe():
     assert reference[4:6] == ["1.000", "1.000"]
     assert fc_norm[4:6] == ["1.125", "1.000"]  # 1.8 / 1.6 at T=0; 1.2 / 1.2 at T=1
     assert fc_norm[9] == "1.20"  # training time ratio
-    assert fc_norm[10] == "epoch 1 (60 s)"  # its first seed reached the reference's final 1.3 in epoch 1
+    assert reference[10] == "epoch 2 (100 s)"  # the reference reaches its own final τ at its end
+    assert fc_norm[10] == "epoch 2 (120 s)"  # seed mean 1.275 after epoch 1, 1.4 after 2; the reference's 1.3
     assert reference[11].rstrip(" |") == "vLLM, SGLang" and fc_norm[11].rstrip(" |") == "vLLM"
 
 
