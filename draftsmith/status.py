@@ -79,6 +79,11 @@ def log_tail(log: Path, size: int = 4096) -> str:
         return fh.read().decode(errors="replace")
 
 
+def logged_steps(log_text: str) -> list[int]:
+    """Optimizer steps speculators logged: a dict in one process, key=value lines under torchrun."""
+    return [int(s) for s in re.findall(r"global_step(?:': |=)(\d+)", log_text)]
+
+
 def last_progress(log: Path) -> str | None:
     """The running job's last progress bar (done/total, rate, ETA), from the end of its log."""
     tail = log_tail(log)
@@ -158,9 +163,9 @@ def training_status(epochs: int) -> TrainingStatus:
         st.run = runs[-1].parent.name
         st.epochs_validated = len(validation)
         st.best_simulated_tau = max((simulated_tau(v) for v in validation), default=None)
-    if not st.done:  # speculators logs a dict in one process, key=value lines under torchrun
-        steps = re.findall(r"global_step(?:': |=)(\d+)", log_tail(Path("logs/train.log"), 65536))
-        st.global_step = int(steps[-1]) if steps else None
+    if not st.done:
+        steps = logged_steps(log_tail(Path("logs/train.log"), 65536))
+        st.global_step = steps[-1] if steps else None
     return st
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from draftsmith.status import logged_steps
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG
 
@@ -63,7 +64,7 @@ class CancelTrainAfterSteps(threading.Thread):
         log = self.work / "logs" / "train.log"
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and self.cancelled_at_step is None:
-            steps = re.findall(r"'global_step': (\d+)", log.read_text()) if log.exists() else []
+            steps = logged_steps(log.read_text()) if log.exists() else []
             jobs = slurm_jobs_named("train")
             if jobs and len(steps) >= self.steps:
                 subprocess.run(["scancel", *jobs], check=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from draftsmith.status import logged_steps
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 from tests.e2e.test_workflow import planned_jobs
@@ -82,8 +82,7 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
 
 def train_log_steps(work):
     log = work / "logs" / "train.log"
-    # speculators logs a dict in one process and key=value lines (rich) under torchrun
-    return re.findall(r"global_step(?:': |=)(\d+)", log.read_text()) if log.exists() else []
+    return logged_steps(log.read_text()) if log.exists() else []
 
 
 def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tmp_path):
