@@ -91,7 +91,7 @@ def test_operational_settings_are_not_part_of_the_result_view():
     assert "max_model_len" in view["server"] and "extra_args" in view["server"]
     assert set(view["train"]) & {"threads", "gpus", "num_workers", "mem_mb"} == set()
     assert "concurrency" not in view["datasets"]["everyday"]["generation"]
-    assert view["datasets"]["everyday"]["generation"]["max_tokens"] == 192
+    assert view["datasets"]["everyday"]["generation"]["max_tokens"] == 128
     assert view["generation_server"] == {"served_model": None}
     faster = copy.deepcopy(cfg)
     faster["server"].update(threads=1, mem_mb=12000, startup_timeout_s=900)

@@ -1,9 +1,10 @@
 """The workflow through a real SLURM (tests/slurm/setup.sh makes a local one-node cluster).
 
 A run of the e2e config through the slurm profile, with the faults of a cluster on the way:
-the first generate job of `everyday` hits its runtime limit (SLURM signals it, then kills it),
-the train job is scancel'ed after a few steps; the rerun resumes both. Skipped, with the reason,
-where no SLURM answers.
+the first generate job of `everyday` is scancel'ed once it has journaled answers (SIGTERM, then
+SIGKILL: what a runtime limit sends), the train job after a few optimizer steps; the reruns resume
+both. The faults come at points of the work, not at wall-clock times, so they land on every CPU.
+Skipped, with the reason, where no SLURM answers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,23 +55,36 @@ def slurm_jobs_named(rule: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if f"rule_{rule}" in line]
 
 
-class CancelTrainAfterSteps(threading.Thread):
-    """scancel the train job once its log shows a few optimizer steps (a cluster operator's scancel)."""
+class CancelJobWhen(threading.Thread):
+    """scancel a rule's SLURM job once `progress` (read from its files) reaches `at` — the fault
+    comes at a point of the work, never after a wall-clock time, so it lands on every CPU.
+    scancel sends what a runtime limit sends: SIGTERM, then SIGKILL after KillWait."""
 
-    def __init__(self, work: Path, steps: int):
+    def __init__(self, rule: str, progress: Callable[[], int], at: int):
         super().__init__(daemon=True)
-        self.work, self.steps, self.cancelled_at_step = work, steps, None
+        self.rule, self.progress, self.at, self.cancelled_at = rule, progress, at, None
 
     def run(self) -> None:
-        log = self.work / "logs" / "train.log"
         deadline = time.monotonic() + 1800
-        while time.monotonic() < deadline and self.cancelled_at_step is None:
-            steps = logged_steps(log.read_text()) if log.exists() else []
-            jobs = slurm_jobs_named("train")
-            if jobs and len(steps) >= self.steps:
+        while time.monotonic() < deadline and self.cancelled_at is None:
+            done = self.progress()
+            jobs = slurm_jobs_named(self.rule)
+            if jobs and done >= self.at:
                 subprocess.run(["scancel", *jobs], check=False)
-                self.cancelled_at_step = int(steps[-1])
+                self.cancelled_at = done
             time.sleep(0.5)
+
+
+def journaled_ids(work: Path, dataset: str) -> set[str]:
+    journals = (work / "results" / "responses" / ".journal").glob(f"{dataset}-*.jsonl")
+    return {json.loads(line)["id"] for journal in journals for line in journal.read_text().splitlines()
+            if line.endswith("}")}
+
+
+def train_steps(work: Path) -> int:
+    log = work / "logs" / "train.log"
+    steps = logged_steps(log.read_text()) if log.exists() else []
+    return int(steps[-1]) if steps else 0
 
 
 @skip
@@ -87,21 +102,21 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(workdi
     (work / "logs" / "train.log").unlink()  # only this run's steps count for the scancel
     for old in (work / "results" / "responses" / ".journal").glob("everyday-*.jsonl"):
         old.unlink()  # the main run's answers (other settings): only this run's journal is read below
-    canceller = CancelTrainAfterSteps(work, steps=4)
-    canceller.start()
+    generate_cut = CancelJobWhen("generate", lambda: len(journaled_ids(work, "everyday")), at=1)
+    generate_cut.start()
     started = time.monotonic()
-    # A runtime limit of two minutes cuts the everyday generate job (its server alone starts in 30-80 s).
-    first = snakemake_slurm(work, config, "--set-resources", "generate:runtime=2", "--keep-going")
-    assert first.returncode != 0, "the runtime limit should have stopped the first run"
-    journal = next((work / "results" / "responses" / ".journal").glob("everyday-*.jsonl"))
-    journaled = {json.loads(line)["id"] for line in journal.read_text().splitlines() if line.endswith("}")}
+    first = snakemake_slurm(work, config, "--keep-going")
+    assert first.returncode != 0 and generate_cut.cancelled_at is not None, first.stderr[-3000:]
+    journaled = journaled_ids(work, "everyday")
     assert 0 < len(journaled) < 32, len(journaled)
+    canceller = CancelJobWhen("train", lambda: train_steps(work), at=4)
+    canceller.start()
     second = snakemake_slurm(work, config)  # generation finishes; training is scancel'ed
-    assert second.returncode != 0 and canceller.cancelled_at_step is not None, second.stderr[-3000:]
+    assert second.returncode != 0 and canceller.cancelled_at is not None, second.stderr[-3000:]
     # The scancel'ed trainer saved a mid-epoch checkpoint on its way out.
     (state,) = (work / "results" / "train_runs").glob("*/checkpoints/*/training_state.json")
     saved_step = json.loads(state.read_text())["global_step"]
-    assert 0 < saved_step <= canceller.cancelled_at_step + 1
+    assert 0 < saved_step <= canceller.cancelled_at + 1
     # Evaluation and the report run locally in the main e2e run; here the drafter is the target.
     third = snakemake_slurm(work, config, "results/drafter/final.safetensors")
     wall = time.monotonic() - started
@@ -118,5 +133,5 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(workdi
     gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
     assert gate["passed"]
     print(f"\nSLURM run: {wall:.0f} s wall (three attempts); generate resent {stats['prompts_sent_this_run']} of 32 "
-          f"after the runtime limit ({len(journaled)} journaled); train cancelled at step "
-          f"{canceller.cancelled_at_step}, resumed from step {saved_step}", file=sys.stderr)
+          f"after the scancel ({len(journaled)} journaled); train cancelled at step "
+          f"{canceller.cancelled_at}, resumed from step {saved_step}", file=sys.stderr)
