@@ -30,11 +30,17 @@ class Choice:
         return {"dtype": self.dtype, "reason": self.reason}
 
 
+def has_accelerator() -> bool:
+    import torch
+
+    return torch.accelerator.is_available()
+
+
 def bf16_native() -> tuple[bool, str]:
     """Whether this machine computes bf16 natively, and why we think so."""
     import torch
 
-    if torch.accelerator.is_available():
+    if has_accelerator():
         return True, f"accelerator {torch.accelerator.current_accelerator()}"
     capability = torch.backends.cpu.get_cpu_capability()
     native = capability.startswith("AVX512") and torch.ops.mkldnn._is_mkldnn_bf16_supported()

