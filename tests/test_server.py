@@ -26,6 +26,14 @@ def test_thread_count_variables_are_not_inherited(monkeypatch):
     assert server_env({"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"  # explicit config wins
 
 
+def test_a_cpu_server_computes_on_every_core_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    assert server_env({})["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert server_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "2")
+    assert server_env({})["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"
+
+
 def test_server_that_dies_reports_its_log(tmp_path):
     spec = ServerSpec(model=str(tmp_path / "no-such-model"), startup_timeout_s=300)
     with pytest.raises(ServerError, match="exited with code") as err, managed_server(spec, tmp_path / "server.log"):
