@@ -8,7 +8,8 @@
 - **Resume.** A checkpoint is saved every epoch; a rerun of the same run key resumes from the last
   one. A graceful stop (SIGTERM from Snakemake or a cluster time limit) makes speculators save an
   ``interrupted`` checkpoint; :func:`train` turns it into a mid-epoch checkpoint that speculators
-  resumes from, and the job fails saying so.
+  resumes from, and the job fails saying so. Under torchrun the ranks stop together after the
+  same optimizer step (:func:`_stop_together_after_a_step`).
 - **Checkpoint choice.** Every epoch is validated; the exported epoch is the one with the best
   simulated acceptance length (:func:`simulated_tau`), not the last: τ can peak while the loss
   still falls.
@@ -149,11 +150,17 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else [])
 
 
+# How long torchrun waits for its ranks after passing on a stop signal before it kills them (its own
+# default, 30 s, can cut the interrupt checkpoint short): a step to finish plus speculators' save,
+# which gives up after 120 s.
+RANKS_STOP_TIMEOUT_S = 180
+
+
 def torchrun_command(nproc: int, metrics_file: Path, argv: list[str]) -> list[str]:
     """Several training processes (one per GPU; gloo ranks on a CPU): the same worker as a
     single-process run, under torchrun."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "draftsmith.train", str(metrics_file), *argv]
+            f"--shutdown-timeout={RANKS_STOP_TIMEOUT_S}", "-m", "draftsmith.train", str(metrics_file), *argv]
 
 
 def interrupted_marker(metrics_file: Path) -> Path:
@@ -255,6 +262,45 @@ def _track_interruption(trainer_cls, state: dict) -> None:
     trainer_cls.train_epoch, trainer_cls.maybe_save_checkpoint = train_epoch, maybe_save_checkpoint
 
 
+def _stop_together_after_a_step(trainer_cls) -> None:
+    """Under torchrun a stop signal reaches the ranks at different points of a step, and speculators
+    raises where it lands: one rank then enters the checkpoint's collectives while another still
+    waits in the step's gradient all-reduce, both hang until torchrun kills them, and nothing is
+    saved. Here the signal only sets a flag; after every optimizer step the ranks all-reduce it and
+    all raise speculators' interrupt at the same step, so the save that follows matches up."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from speculators.train import graceful_shutdown
+
+    signalled: list[str] = []
+
+    def note_signal(handler, signum, frame) -> None:
+        if os.getpid() == handler._owner_pid and not signalled:  # not in forked dataloader workers
+            signalled.append(signal.Signals(signum).name)
+            log.warning("%s received: stopping after this optimizer step, with the other ranks",
+                        signalled[0])
+
+    graceful_shutdown.GracefulShutdownHandler._handler = note_signal
+    original_epoch = trainer_cls.train_epoch
+
+    def train_epoch(self, epoch, *args, step_callback=None, **kwargs):
+        device = next(self.model.parameters()).device
+
+        def stop_if_any_rank_was_signalled() -> None:
+            if step_callback is not None:
+                step_callback()
+            flag = torch.tensor([float(bool(signalled))], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item():
+                raise graceful_shutdown.TrainingInterruptedError(signalled[0] if signalled else "another rank")
+
+        return original_epoch(self, epoch, *args, step_callback=stop_if_any_rank_was_signalled, **kwargs)
+
+    trainer_cls.train_epoch = train_epoch
+
+
 def _resumable(save_dir: Path, state: dict) -> str:
     """Turn speculators' ``interrupted`` checkpoint into a mid-epoch one it resumes from."""
     interrupted = save_dir / "interrupted"
@@ -351,6 +397,8 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
     setup_metric_logger = cli.setup_metric_logger
     state: dict = {}
     _track_interruption(trainer.Trainer, state)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _stop_together_after_a_step(trainer.Trainer)
     _keep_workers_through_sigterm()
 
     def setup_then_collect(*args, **kwargs):

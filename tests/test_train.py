@@ -48,7 +48,8 @@ def test_speculators_arguments(tmp_path):
 def test_several_gpus_run_the_same_worker_under_torchrun(tmp_path):
     cmd = tr.torchrun_command(8, tmp_path / "v.jsonl", ["--epochs", "5"])
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
-    assert cmd[5:8] == ["-m", "draftsmith.train", str(tmp_path / "v.jsonl")] and cmd[-2:] == ["--epochs", "5"]
+    assert cmd[5] == f"--shutdown-timeout={tr.RANKS_STOP_TIMEOUT_S}"  # not torchrun's 30 s before SIGKILL
+    assert cmd[6:9] == ["-m", "draftsmith.train", str(tmp_path / "v.jsonl")] and cmd[-2:] == ["--epochs", "5"]
 
 
 def test_simulated_tau_and_the_checkpoint_choice(tmp_path):
@@ -186,3 +187,74 @@ def test_a_failed_step_does_not_leave_workers_that_block_the_exit():
     tr._stop_dataloader_workers()
     worker.join(10)
     assert not worker.is_alive()
+
+
+class _RankTrainer:
+    """speculators' Trainer as far as a stop concerns it: a DDP model, ``train_epoch`` with
+    ``step_callback``, ``run_training`` under speculators' own graceful-shutdown decorator, and a save
+    that meets the other ranks in collectives (a barrier)."""
+
+    def __init__(self, rank: int, out):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.rank, self.out, self.global_step = rank, out, 0
+        self.model = DistributedDataParallel(torch.nn.Linear(64, 64))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.checkpointer = type("Checkpointer", (), {"path": out})
+
+    def train_epoch(self, epoch, *, step_callback=None):
+        import os
+        import signal
+
+        import torch
+
+        for _ in range(200):
+            if self.rank == 1 and self.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # this rank alone, mid-step
+            self.model(torch.randn(8, 64)).square().mean().backward()
+            self.optimizer.step()
+            self.global_step += 1
+            if step_callback is not None:
+                step_callback()
+
+    def maybe_save_checkpoint(self, label):
+        import torch.distributed as dist
+
+        dist.barrier()
+        (self.out / f"rank{self.rank}").write_text(f"{label} {self.global_step}")
+
+    def run_training(self):
+        from speculators.train.graceful_shutdown import with_graceful_shutdown
+
+        with_graceful_shutdown()(type(self).train_epoch)(self, 0)
+
+
+def _train_one_rank(rank: int, out) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=20))
+    tr._stop_together_after_a_step(_RankTrainer)
+    _RankTrainer(rank, out).run_training()
+    dist.destroy_process_group()
+
+
+def test_ranks_signalled_at_different_points_stop_after_the_same_step(tmp_path):
+    """A stop reaches torchrun's ranks at different points of a step (here: rank 1 only): they must
+    save together, or they meet in different collectives and hang until torchrun kills them."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ranks = [ctx.Process(target=_train_one_rank, args=(rank, tmp_path)) for rank in (0, 1)]
+    for proc in ranks:
+        proc.start()
+    for proc in ranks:
+        proc.join(60)
+    for proc in ranks:
+        proc.kill()
+    saved = [(tmp_path / f"rank{rank}").read_text() if (tmp_path / f"rank{rank}").exists() else None
+             for rank in (0, 1)]
+    assert saved == ["interrupted 4", "interrupted 4"] and [p.exitcode for p in ranks] == [0, 0]

@@ -104,7 +104,8 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0
     train_log = (work / "logs" / "train.log").read_text()
-    assert "training was interrupted" in train_log and "a rerun resumes from there" in train_log, out[-3000:]
+    assert "training was interrupted" in train_log and "a rerun resumes from there" in train_log, \
+        out[-2000:] + train_log[-6000:]
     run_or_fail(work, two, "results/train/training.json")
     assert "Resuming mid-epoch" in (work / "logs" / "train.log").read_text()
     one, ranks = validation(workdir), validation(work)
