@@ -2,8 +2,9 @@
 
 One config (your datasets, evaluation sets, target) and a list of recipes, each a set of ``train:``
 overrides. The data stages (generation, tokenization, merge and split, hidden states, vocabulary)
-run once in ``WORKDIR/shared``; every recipe × seed trains, exports and is evaluated in its own
-folder that links to those results, so only training differs. Every recipe gets the same epochs,
+and the baseline measurement (the target alone) run once in ``WORKDIR/shared``; every recipe × seed
+trains, exports and is evaluated in its own folder that links to those results, so only training
+differs. Every recipe gets the same epochs,
 data and seeds. A recipe × seed already evaluated is picked up, not rerun: a long comparison can be
 run one recipe at a time (``--only``), over several sittings or machines sharing WORKDIR.
 
@@ -46,7 +47,7 @@ DEFAULT_RECIPES = {
     "lm_head_trained": {"train_lm_head": True},
 }
 SHARED = ("results/models", "results/checks", "results/prompts", "results/responses", "results/tokenized",
-          "results/merged", "results/hidden_states", "results/vocab")
+          "results/merged", "results/hidden_states", "results/vocab", "results/evaluation/baseline.json")
 
 
 def snakemake_command(work: Path, configs: list[Path], *targets: str) -> list[str]:
@@ -63,7 +64,7 @@ def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
 
 def prepare_shared(workdir: Path, config: Path) -> Path:
     shared = workdir / "shared"
-    snakemake(shared, [config], "results/vocab/d2t.npy", *[
+    snakemake(shared, [config], "results/vocab/d2t.npy", "results/evaluation/baseline.json", *[
         f"results/hidden_states/{d}/manifest.json" for d in datasets_of(config)])
     return shared
 
@@ -80,6 +81,7 @@ def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: 
     for rel in SHARED:  # links: the recipe reads the shared data and never writes there
         link = run / rel
         if not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(shared / rel)
     for meta in (".snakemake",):  # Snakemake's record of the shared jobs, so it reruns none of them
         if not (run / meta).exists() and (shared / meta).exists():

@@ -1,5 +1,9 @@
 """Evaluate the drafter: the same held-out prompts through a baseline and an EAGLE-3 vLLM server.
 
+The baseline (the target without a drafter) is measured once, by its own job, and read by every
+evaluation of a drafter: it depends only on the target, the prompt sets and the sampling, so a
+retrained drafter (or each recipe of a comparison) needs one server start, not two.
+
 Acceptance is read from the EAGLE-3 server's own Prometheus counters, as deltas around each
 prompt set, so it is the engine's measurement, not ours. τ here is the **pooled** mean
 acceptance length, ``1 + accepted draft tokens / drafts`` over all drafts of the set (not a mean
@@ -9,6 +13,7 @@ of per-request τ).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -19,6 +24,7 @@ from draftsmith.client import ChatClient, RetryPolicy
 from draftsmith.datasets import Prompt
 
 SPEC_PREFIX = "vllm:spec_decode_"
+log = logging.getLogger(__name__)
 
 
 def scrape_spec_counters(root_url: str) -> dict[str, float]:
@@ -108,6 +114,38 @@ async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int],
                 return response.json()["usage"]["completion_tokens"]
 
         return sum(await asyncio.gather(*(one(ids, n) for ids, n in rows)))
+
+
+def baseline_runs(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float],
+                  max_tokens: int, seeded: bool, concurrency: int) -> list[dict]:
+    """Every (set, temperature) through the server without a drafter: what speed-ups divide by."""
+    runs = []
+    for name, prompts in sets.items():
+        for t in temperatures:
+            measured = asyncio.run(run_set(base_url, model, prompts, sampling(max_tokens, t, seeded),
+                                           concurrency)).as_dict()
+            log.info("baseline %s T=%s: %s", name, t, measured)
+            runs.append({"set": name, "temperature": t, "prompts": len(prompts), "baseline": measured})
+    return runs
+
+
+def runs_from_baseline(baseline: dict, path: str, sets: dict[str, list[Prompt]], temperatures: list[float],
+                       max_tokens: int) -> dict[tuple[str, float], dict]:
+    """The evaluation's runs, keyed (set, temperature), each starting from its baseline measurement.
+    A baseline of other sets, temperatures, lengths or prompt counts is refused, naming the file."""
+    want = {(name, t): len(prompts) for name, prompts in sets.items() for t in temperatures}
+    have = {(r["set"], r["temperature"]): r["prompts"] for r in baseline["runs"]}
+    if have != want or baseline["max_tokens"] != max_tokens:
+        raise ValueError(f"{path}: measured for {sorted(have.items())} at max_tokens {baseline['max_tokens']}, "
+                         f"this evaluation needs {sorted(want.items())} at {max_tokens}; delete it to measure again")
+    return {(r["set"], r["temperature"]): {**r, "drafters": {}} for r in baseline["runs"]}
+
+
+def add_speedups(runs: list[dict]) -> None:
+    for res in runs:
+        base = res["baseline"]["output_tok_s"]
+        for measured in res["drafters"].values():
+            measured["speedup"] = measured["output_tok_s"] / base if base and measured["output_tok_s"] else None
 
 
 def root_of(base_url: str) -> str:

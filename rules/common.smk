@@ -39,6 +39,11 @@ BASE_MODEL = config["target"]["base_model"] or (
     TARGET.source if TARGET.kind == "hub" else TARGET.name
 )
 CONFIG_DIGEST = json_digest(RESULT, 16)
+BASELINE_EVALUATION = (
+    {  # what the target-only measurement depends on: no drafter setting
+        k: v for k, v in RESULT["evaluation"].items() if k != "num_speculative_tokens"
+    }
+)
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
 

@@ -1,17 +1,41 @@
+rule evaluate_baseline:
+    """The held-out prompts through the target alone: measured once, whatever drafter follows."""
+    input:
+        model=target_input,
+        prompts=evaluation_sources,
+    output:
+        baseline="results/evaluation/baseline.json",
+    log:
+        main="logs/evaluate/baseline.log",
+        server="logs/evaluate/baseline.server.log",
+    benchmark:
+        "results/timings/evaluate_baseline.tsv"
+    threads: config["server"]["threads"]
+    resources:
+        gpu=config["server"]["gpus"],
+        mem_mb=config["server"]["mem_mb"],
+        runtime=12 * 60,
+    params:
+        evaluation=BASELINE_EVALUATION,
+        server=RESULT["server"],
+    script:
+        "../scripts/evaluate_baseline.py"
+
+
 rule evaluate:
-    """Held-out prompts through a baseline and an EAGLE-3 vLLM server; τ from /metrics deltas."""
+    """Held-out prompts through an EAGLE-3 vLLM server per drafter; τ from /metrics deltas."""
     input:
         model=target_input,
         drafter="results/drafter/final.safetensors",
         drafter_config="results/drafter/config.json",
         gate="results/drafter/gate.json",
+        baseline="results/evaluation/baseline.json",
         prompts=evaluation_sources,
         pretrained=pretrained_input,
     output:
         results="results/evaluation/results.json",
     log:
         main="logs/evaluate/evaluate.log",
-        baseline="logs/evaluate/baseline.server.log",
         finetuned="logs/evaluate/finetuned.server.log",
     benchmark:
         "results/timings/evaluate.tsv"

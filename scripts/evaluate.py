@@ -1,4 +1,4 @@
-import asyncio
+import json
 import logging
 from pathlib import Path
 
@@ -20,30 +20,18 @@ def main() -> None:
     drafters = {"finetuned": str(Path(sm.input.drafter).parent)}
     if sm.input.pretrained:
         drafters["pretrained"] = str(Path(sm.input.pretrained[0]).parent)
-    runs = {(name, t): {"set": name, "temperature": t, "prompts": len(prompts), "drafters": {}}
-            for name, prompts in sets.items() for t in cfg["temperatures"]}
-
+    baseline = json.loads(Path(sm.input.baseline).read_text())
+    runs = ev.runs_from_baseline(baseline, sm.input.baseline, sets, cfg["temperatures"], cfg["max_tokens"])
     seeded = compute.has_accelerator()
-
-    def sampling(t):
-        return ev.sampling(cfg["max_tokens"], t, seeded)
-
-    with managed_server(ev.server_spec(cfg["engine"], model, server_cfg, None, cfg), Path(sm.log.baseline)) as server:
-        for (name, t), res in runs.items():
-            res["baseline"] = asyncio.run(ev.run_set(server.base_url, model, sets[name], sampling(t),
-                                                     concurrency)).as_dict()
-            log.info("baseline %s T=%s: %s", name, t, res["baseline"])
     for label, drafter in drafters.items():
         spec = ev.server_spec(cfg["engine"], model, server_cfg, drafter, cfg)
         with managed_server(spec, Path(sm.log.main).with_name(f"{label}.server.log")) as server:
             for (name, t), res in runs.items():
-                res["drafters"][label] = ev.measure(server.base_url, model, sets[name], sampling(t), concurrency,
+                res["drafters"][label] = ev.measure(server.base_url, model, sets[name],
+                                                    ev.sampling(cfg["max_tokens"], t, seeded), concurrency,
                                                     cfg["engine"])
                 log.info("%s %s T=%s: %s", label, name, t, res["drafters"][label])
-    for res in runs.values():
-        base = res["baseline"]["output_tok_s"]
-        for measured in res["drafters"].values():
-            measured["speedup"] = measured["output_tok_s"] / base if base and measured["output_tok_s"] else None
+    ev.add_speedups(list(runs.values()))
     write_json(sm.output.results, {"target": model, "engine": cfg["engine"], "drafters": drafters,
                                    "compute": compute.choose(server_cfg["dtype"]).as_dict(),
                                    "runs": list(runs.values()), "max_tokens": cfg["max_tokens"],

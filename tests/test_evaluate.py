@@ -1,3 +1,5 @@
+import pytest
+
 from draftsmith import evaluate as ev
 from draftsmith.evaluate import acceptance
 
@@ -43,3 +45,21 @@ def test_no_drafts_gives_no_tau_rather_than_a_fake_one():
 def test_t1_runs_are_seeded_only_where_the_engine_can_rewind_a_generator():
     assert ev.sampling(64, 1.0, seeded=True) == {"max_tokens": 64, "temperature": 1.0, "seed": 0}
     assert "seed" not in ev.sampling(64, 1.0, seeded=False)
+
+
+def test_a_drafter_is_evaluated_against_the_baseline_measured_for_the_same_sets_only():
+    from draftsmith.datasets import Prompt
+
+    sets = {"held": [Prompt("a", ["hi"]), Prompt("b", ["yo"])]}
+    baseline = {"max_tokens": 32, "runs": [
+        {"set": "held", "temperature": t, "prompts": 2, "baseline": {"output_tok_s": 40.0}} for t in (0.0, 1.0)]}
+    runs = ev.runs_from_baseline(baseline, "baseline.json", sets, [0.0, 1.0], 32)
+    assert list(runs) == [("held", 0.0), ("held", 1.0)] and runs["held", 0.0]["drafters"] == {}
+    runs["held", 0.0]["drafters"]["finetuned"] = {"output_tok_s": 50.0}
+    ev.add_speedups(list(runs.values()))
+    assert runs["held", 0.0]["drafters"]["finetuned"]["speedup"] == 1.25
+    # Another length, another temperature list, or a set that grew: refused, naming the file.
+    for temperatures, max_tokens, grown in (([0.0, 1.0], 64, []), ([0.0], 32, []), ([0.0, 1.0], 32, ["c"])):
+        bigger = {"held": sets["held"] + [Prompt(i, ["x"]) for i in grown]}
+        with pytest.raises(ValueError, match=r"^baseline.json: measured for"):
+            ev.runs_from_baseline(baseline, "baseline.json", bigger, temperatures, max_tokens)

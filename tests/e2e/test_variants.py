@@ -58,6 +58,10 @@ def test_warm_start_from_a_drafter_on_other_data(workdir, tmp_path):
     assert validation(work)[0]["full_acc_0_epoch"] > validation(workdir)[0]["full_acc_0_epoch"]
     results = json.loads((work / "results" / "evaluation" / "results.json").read_text())
     assert set(results["runs"][0]["drafters"]) == {"finetuned", "pretrained"}
+    # The target alone was measured once: a new drafter is compared with the same baseline run.
+    baseline = "results/evaluation/baseline.json"
+    assert (work / baseline).read_bytes() == (workdir / baseline).read_bytes()
+    assert results["runs"][0]["baseline"] == json.loads((work / baseline).read_text())["runs"][0]["baseline"]
     assert results["runs"][0]["drafters"]["pretrained"]["acceptance"]["drafts"] > 0
     report = (work / "results" / "report" / "report.md").read_text()
     assert "Warm start from" in report and "pretrained drafter" in report

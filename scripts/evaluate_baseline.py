@@ -1,0 +1,29 @@
+from pathlib import Path
+
+from draftsmith import compute
+from draftsmith import evaluate as ev
+from draftsmith.atomic import write_json
+from draftsmith.datasets import load_configured
+from draftsmith.runner import base_dir, run, target_of
+from draftsmith.server import managed_server
+
+
+def main() -> None:
+    cfg, server_cfg = sm.params.evaluation, sm.config["server"]
+    concurrency = sm.config["evaluation"]["concurrency"]
+    model = target_of(sm).model
+    sets = {name: load_configured(entry, base_dir(sm)).prompts for name, entry in cfg["prompt_sets"].items()}
+    seeded = compute.has_accelerator()
+    spec = ev.server_spec(cfg["engine"], model, server_cfg, None, cfg)
+    with managed_server(spec, Path(sm.log.server)) as server:
+        runs = ev.baseline_runs(server.base_url, model, sets, cfg["temperatures"], cfg["max_tokens"], seeded,
+                                concurrency)
+    write_json(sm.output.baseline, {"target": model, "engine": cfg["engine"], "runs": runs,
+                                    "max_tokens": cfg["max_tokens"], "seeded_sampling": seeded,
+                                    "concurrency": concurrency,
+                                    "compute": compute.choose(server_cfg["dtype"]).as_dict()})
+
+
+if __name__ == "__main__":
+    sm = snakemake
+    run(main, sm.log.main, sm.threads)
