@@ -17,13 +17,15 @@ log = logging.getLogger(__name__)
 
 def prepare_gguf(gguf_file: Path, dest: Path, dtype: str = "bfloat16") -> None:
     """Dequantise ``gguf_file`` into a HF folder at ``dest`` (written atomically)."""
+    import copy
+
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_file.parent), gguf_file.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config = copy.deepcopy(gguf_model.config)  # parsing the GGUF's metadata again costs ~10 s
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.torch_dtype = dtype
