@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -169,6 +170,20 @@ def test_a_user_config_brings_its_own_datasets_only(tmp_path):
     jobs = planned_jobs(proc.stdout)
     assert {d for rule, d in jobs if rule == "generate"} == {"mine"}
     assert f"config read from {REPO / 'config' / 'config.yaml'}, {user}" in proc.stderr
+
+
+def test_a_prompt_file_copied_again_reruns_nothing(tmp_path):
+    """A data volume synced again gives every file a new mtime and the same bytes; past Snakemake's
+    1-MB checksum limit that alone reran a dataset's generation, tokenization and hidden states."""
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"{i} " + "word " * 60}) + "\n" for i in range(5000)))
+    assert big.stat().st_size > 1_000_000
+    config = write_config(tmp_path, lambda c: c.update(datasets={"big": {"source": str(big), "max_samples": 4}}))
+    proc = snakemake(tmp_path, "results/prompts/big.jsonl", config=config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    os.utime(big)  # copied again: same bytes, a new mtime
+    proc = snakemake(tmp_path, "-n", "results/prompts/big.jsonl", config=config)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
 
 
 def test_a_mistake_found_hours_in_fails_the_dry_run(tmp_path):
