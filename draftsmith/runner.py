@@ -26,8 +26,9 @@ USER_ERRORS = (ValueError, FileNotFoundError, OSError, ServerError, RequestFaile
 
 def base_dir(sm) -> Path:
     """The workflow folder (relative prompt paths start there), found from the script's own place so
-    that no absolute path has to travel in rule params."""
-    return Path(sm.scriptdir).parent
+    that no absolute path has to travel in rule params. Snakemake gives ``rules/../scripts``: normalized,
+    so messages name ``/repo/data/x.jsonl``, not ``/repo/rules/../data/x.jsonl``."""
+    return Path(os.path.normpath(sm.scriptdir)).parent
 
 
 def target_of(sm) -> Target:
