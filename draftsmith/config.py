@@ -161,15 +161,27 @@ def _message(error: jsonschema.ValidationError) -> str:
 
 def from_snakemake_args(args: list[str], workflow_dir: Path) -> dict[str, Any]:
     """The validated config a ``snakemake`` command line would use: the embedded default, then its
-    ``--configfile`` layers (for commands that run beside Snakemake: redo, status)."""
-    files, i = [], 0
+    ``--configfile`` layers and ``--config`` entries (for commands that run beside Snakemake: redo,
+    status), so they see the datasets the workflow will."""
+    files, entries, i = [], [], 0
     while i < len(args):
         if args[i].startswith(("--configfile=", "--configfiles=")):
             files.append(Path(args[i].partition("=")[2]))
-        elif args[i] in ("--configfile", "--configfiles"):
+        elif args[i].startswith("--config="):
+            entries.append(args[i].partition("=")[2])
+        elif args[i] in ("--configfile", "--configfiles", "--config", "-C"):
+            values = files if args[i].startswith("--configfile") else entries
             while i + 1 < len(args) and not args[i + 1].startswith("-"):
-                files.append(Path(args[i + 1]))
+                values.append(Path(args[i + 1]) if values is files else args[i + 1])
                 i += 1
         i += 1
-    return validate_config(load_layers(workflow_dir / "config" / "config.yaml", files, {}))
+    overrides = {}
+    if entries:
+        from snakemake.cli import parse_config  # Snakemake's own reading of KEY=VALUE
+
+        try:
+            overrides = parse_config(entries)
+        except ValueError as err:
+            raise ConfigError(f"--config: {err}") from None
+    return validate_config(load_layers(workflow_dir / "config" / "config.yaml", files, overrides))
 

@@ -64,3 +64,13 @@ def test_a_users_configfile_decides_which_datasets_exist(work, tmp_path):
     user.write_text("datasets:\n  mine: {source: config/prompts/everyday.jsonl}\n")
     with pytest.raises(SystemExit, match="unknown dataset 'everyday'; the config has mine"):
         redo.main(["answers", "everyday", "--configfile", str(user), "-d", str(tmp)])
+
+
+def test_config_entries_on_the_command_line_count_like_snakemakes(work, tmp_path):
+    # --config replaces the datasets as in the Snakefile (datasets are replaced, not merged)
+    tmp, _ = work
+    mine = "datasets={mine: {source: config/prompts/everyday.jsonl}}"
+    with pytest.raises(SystemExit, match="unknown dataset 'everyday'; the config has mine"):
+        redo.main(["answers", "everyday", "--config", mine, "-d", str(tmp)])
+    with pytest.raises(SystemExit, match="--config: Invalid config definition"):
+        redo.main(["answers", "everyday", "--config", "no-equals-sign", "-d", str(tmp)])
