@@ -99,9 +99,13 @@ def summarise(run: Path) -> dict:
     with (run / "results/timings/train.tsv").open() as fh:
         seconds = float(next(csv.DictReader(fh, delimiter="\t"))["s"])
     taus = {(r["set"], r["temperature"]): r["drafters"]["finetuned"]["acceptance"] for r in results["runs"]}
+    validation = training["validation"]
+    epoch_s = [e.get("train_s") for e in validation]
+    if None in epoch_s:  # trained before per-epoch times were recorded: the job's time shared out evenly
+        epoch_s = [seconds * (i + 1) / len(validation) for i in range(len(validation))]
     return {"tau": {k: v["tau_pooled"] for k, v in taus.items()},
             "per_position": {k: v["acceptance_rate_per_position"] for k, v in taus.items()},
-            "simulated": [simulated_tau(e) for e in training["validation"]], "train_s": seconds,
+            "simulated": [simulated_tau(e) for e in validation], "epoch_s": epoch_s, "train_s": seconds,
             "served_by": "vLLM" if sglang_refusal(json.loads((run / "results/drafter/config.json").read_text()))
             else "vLLM, SGLang"}
 
@@ -111,15 +115,17 @@ def pooled(summary: dict, temperature: float) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def mean_curve(runs: list[dict]) -> list[float]:
-    """Simulated τ per epoch, averaged over seeds (the reference then reaches its own final τ)."""
-    return [statistics.fmean(epochs) for epochs in zip(*(s["simulated"] for s in runs), strict=True)]
+def mean_curve(runs: list[dict], key: str) -> list[float]:
+    """A per-epoch series (simulated τ, training time) averaged over seeds (the reference then
+    reaches its own final τ)."""
+    return [statistics.fmean(epochs) for epochs in zip(*(s[key] for s in runs), strict=True)]
 
 
-def time_to_quality(simulated: list[float], target: float, train_s: float) -> str:
+def time_to_quality(simulated: list[float], target: float, epoch_s: list[float]) -> str:
+    """The first epoch whose simulated τ reaches ``target``, with the training time up to it."""
     for epoch, tau in enumerate(simulated):
         if tau >= target:
-            return f"epoch {epoch + 1} ({train_s * (epoch + 1) / len(simulated):.0f} s)"
+            return f"epoch {epoch + 1} ({epoch_s[epoch]:.0f} s)"
     return "not reached"
 
 
@@ -145,7 +151,7 @@ def table(summaries: dict[str, list[dict]]) -> list[str]:
         lines.append(f"| {name} | {len(runs)} | {' | '.join(cells)} | {ratio.get(0.0, float('nan')):.3f} | "
                      f"{ratio.get(1.0, float('nan')):.3f} | {statistics.fmean(s['simulated'][-1] for s in runs):.3f} | "
                      f"{per_pos} | {train_s:.0f} | {train_s / ref_s:.2f} | "
-                     f"{time_to_quality(mean_curve(runs), ref_sim, train_s)} | "
+                     f"{time_to_quality(mean_curve(runs, 'simulated'), ref_sim, mean_curve(runs, 'epoch_s'))} | "
                      f"{runs[0]['served_by']} |")
     return lines
 

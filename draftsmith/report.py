@@ -99,6 +99,10 @@ def plot_training(training: dict, out: Path) -> None:
     _save(fig, out)
 
 
+def _minutes(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds / 60:.1f} min"
+
+
 def _compute(choice: dict | None) -> str:
     """Which dtype a stage computed in, and why (see draftsmith.compute)."""
     return f" · computed in **{choice['dtype']}** ({choice['reason']})" if choice else ""
@@ -148,16 +152,18 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
              f"({chosen.get('reason', '–')}). Export gate: {'passed' if gate.get('passed') else 'FAILED'}, "
              f"{gate.get('verdict', '–')}.", "",
              "Validation per epoch (full_acc_k: the first k+1 drafted tokens all match the target; simulated "
-             "τ = 1 + Σ full_acc_k):", "",
-             "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " | simulated τ | exported |",
-             "|---:|---:|" + "---:|" * len(steps) + "---:|:---:|"]
+             "τ = 1 + Σ full_acc_k; training time: wall time from the start of training to that validation, "
+             "the time to quality):", "",
+             "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " | simulated τ | training time "
+             "| exported |",
+             "|---:|---:|" + "---:|" * len(steps) + "---:|---:|:---:|"]
     if not validation:
         lines.append("| – | no validation metrics were recorded | |")
     for e in validation:
         mark = "✔" if e["epoch"] == chosen.get("epoch") else ""
         lines.append(f"| {e['epoch'] + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
                      + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps)
-                     + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {mark} |")
+                     + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {_minutes(e.get('train_s'))} | {mark} |")
     return lines
 
 

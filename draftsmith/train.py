@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -194,16 +195,27 @@ def train_under_torchrun(nproc: int, metrics_file: Path, argv: list[str], thread
 
 class _ValidationMetrics(logging.Handler):
     """Appends each validation dict speculators logs on ``speculators.metrics`` to a file in the
-    run folder, so a resumed run still reports the epochs it did before it was interrupted."""
+    run folder, so a resumed run still reports the epochs it did before it was interrupted.
+
+    Each entry carries ``train_s``, the training wall time up to that validation (set-up included),
+    so time to quality can be read per epoch. A resumed run adds its own time to the latest recorded
+    one; the part of an interrupted epoch after its last validation is not counted."""
 
     def __init__(self, path: Path):
         super().__init__()
         self.path = path
+        self.carried = max((e.get("train_s", 0.0) for e in read_validation(path)), default=0.0)
+        self.started = time.monotonic()
+        if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write("\n")  # a line cut by a kill stays a line of its own, skipped on reading
 
     def emit(self, record: logging.LogRecord) -> None:
         if isinstance(record.msg, dict) and "val" in record.msg:
+            train_s = round(self.carried + time.monotonic() - self.started, 1)
             with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"epoch": record.msg.get("epoch"), **record.msg["val"]}) + "\n")
+                fh.write(json.dumps({"epoch": record.msg.get("epoch"), **record.msg["val"], "train_s": train_s})
+                         + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
 

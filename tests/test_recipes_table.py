@@ -12,7 +12,8 @@ spec.loader.exec_module(recipes)
 def summary(tau0: float, tau1: float, simulated: list[float], train_s: float, served_by: str) -> dict:
     return {"served_by": served_by, "tau": {("everyday", 0.0): tau0, ("everyday", 1.0): tau1},
             "per_position": {("everyday", 0.0): [0.5, 0.2], ("everyday", 1.0): [0.4, 0.1]},
-            "simulated": simulated, "train_s": train_s}
+            "simulated": simulated, "train_s": train_s,
+            "epoch_s": [train_s * (i + 1) / len(simulated) for i in range(len(simulated))]}
 
 
 def test_ratios_spread_and_time_to_quality_are_against_the_first_recipe():
@@ -31,7 +32,8 @@ def test_ratios_spread_and_time_to_quality_are_against_the_first_recipe():
 
 
 def test_a_recipe_that_never_reaches_the_reference_says_so():
-    assert recipes.time_to_quality([1.0, 1.1], 1.3, 50) == "not reached"
+    assert recipes.time_to_quality([1.0, 1.1], 1.3, [25, 50]) == "not reached"
+    assert recipes.time_to_quality([1.0, 1.3], 1.3, [20, 50]) == "epoch 2 (50 s)"
 
 
 def test_snakemake_reads_the_targets_as_targets_and_every_config(tmp_path):

@@ -28,7 +28,7 @@ TRAINING = {"rows": 12, "run_key": "abc", "on_cpu": True, "chosen": {"epoch": 0,
             "hidden_states": {"mode": "online", "layout": None, "aux_layers": [2, 15, 27]},
             "warm_start": {"source": "org/drafter", "layout": "eagle3"},
             "validation": [{"epoch": 0, "loss_epoch": 9.1, "full_acc_0_epoch": 0.15, "full_acc_1_epoch": 0.0,
-                            "simulated_tau": 1.15},
+                            "simulated_tau": 1.15, "train_s": 90.0},
                            {"epoch": 1, "loss_epoch": 7.2, "full_acc_0_epoch": 0.1, "full_acc_1_epoch": 0.01,
                             "simulated_tau": 1.11}]}
 GATE = {"passed": True, "verdict": "served first-token acceptance 0.140 (validation 0.150)"}
@@ -44,7 +44,9 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert table[1].startswith("everyday\t0.0\t3\tfinetuned\t1.234") and len(table) == 1 + 4
     assert "| everyday | 0 | 3 | finetuned | 1.234 | 0.20, 0.03, 0.00 | 40.0 | 32.0 | 0.80× |" in text
     assert "| everyday | 1 | 3 | pretrained | 1.050 | 0.05, 0.00, 0.00 | 41.0 | 31.0 | 0.76× |" in text
-    assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | ✔ |" in text and "| 2 | 7.200 | 0.100 | 0.010 | 1.110 |  |" in text
+    # time to quality per epoch; a run recorded before train_s existed shows none
+    assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.5 min | ✔ |" in text
+    assert "| 2 | 7.200 | 0.100 | 0.010 | 1.110 | – |  |" in text
     assert "**Exported: epoch 1** (best simulated τ 1.150)" in text and "Export gate: passed" in text
     assert "Vocabulary mapping: pretrained drafter org/drafter" in text and "98.7%" in text
     assert "hidden states **online**" in text and "Warm start from `org/drafter`" in text

@@ -1,4 +1,5 @@
 import json
+from unittest.mock import patch
 
 import pytest
 
@@ -89,23 +90,32 @@ def test_cpu_adaptation_redirects_the_trainer():
     assert trainer.get_local_rank() == "cpu" and checkpointer.get_current_device() == "cpu"
 
 
-def test_validation_metrics_survive_a_resume(tmp_path):
+def log_validation(path, *records, monotonic):
     import logging
 
+    with patch.object(tr.time, "monotonic", side_effect=monotonic):
+        collector = tr._ValidationMetrics(path)
+        log = logging.getLogger("speculators.metrics.test")
+        log.addHandler(collector)
+        log.setLevel(logging.INFO)
+        try:
+            for record in records:
+                log.info(record)
+        finally:
+            log.removeHandler(collector)
+
+
+def test_validation_metrics_survive_a_resume_and_carry_the_training_time(tmp_path):
     path = tmp_path / "validation.jsonl"
-    collector = tr._ValidationMetrics(path)
-    log = logging.getLogger("speculators.metrics.test")
-    log.addHandler(collector)
-    log.setLevel(logging.INFO)
-    try:
-        log.info({"val": {"loss_epoch": 3.0}, "epoch": 1})
-        log.info({"train": {"loss": 9.0}})  # training steps are not validation
-        log.info({"val": {"loss_epoch": 5.0}, "epoch": 0})
-    finally:
-        log.removeHandler(collector)
+    log_validation(path, {"val": {"loss_epoch": 3.0}, "epoch": 0},
+                   {"train": {"loss": 9.0}},  # training steps are not validation
+                   monotonic=[100.0, 160.0])
     with path.open("a") as fh:
-        fh.write('{"epoch": 2, "loss_ep')  # cut by a kill
-    assert tr.read_validation(path) == [{"epoch": 0, "loss_epoch": 5.0}, {"epoch": 1, "loss_epoch": 3.0}]
+        fh.write('{"epoch": 1, "loss_ep')  # cut by a kill
+    # Resumed: this process's 40 s add to the 60 s already spent.
+    log_validation(path, {"val": {"loss_epoch": 2.0}, "epoch": 1}, monotonic=[5.0, 45.0])
+    assert tr.read_validation(path) == [{"epoch": 0, "loss_epoch": 3.0, "train_s": 60.0},
+                                        {"epoch": 1, "loss_epoch": 2.0, "train_s": 100.0}]
 
 
 class _Slow:

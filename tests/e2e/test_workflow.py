@@ -92,6 +92,8 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     assert (workdir / "results" / "report" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
     training = json.loads((workdir / "results" / "train" / "training.json").read_text())
     assert training["validation"] and "full_acc_0_epoch" in training["validation"][0]
+    times = [e["train_s"] for e in training["validation"]]  # time to quality, per epoch
+    assert times[0] > 0 and times == sorted(times)
     assert "no validation metrics" not in md and f"Exported: epoch {training['chosen']['epoch'] + 1}" in md
     # The drafter learned, and the gate saw vLLM accept its drafts at about its validation accuracy.
     gate = json.loads((workdir / "results" / "drafter" / "gate.json").read_text())
