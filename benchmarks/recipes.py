@@ -4,7 +4,8 @@ One config (your datasets, evaluation sets, target) and a list of recipes, each 
 overrides. The data stages (generation, tokenization, merge and split, hidden states, vocabulary)
 and the baseline measurement (the target alone) run once in ``WORKDIR/shared``; every recipe × seed
 trains, exports and is evaluated in its own folder that links to those results, so only training
-differs. Every recipe gets the same epochs, data and seeds. A recipe × seed already evaluated is
+differs; a run that would redo any shared result (and so write into the shared folder) is refused
+before it starts. Every recipe gets the same epochs, data and seeds. A recipe × seed already evaluated is
 picked up, not rerun: a long comparison can be run one recipe at a time (``--only``), over several
 sittings or machines sharing WORKDIR.
 
@@ -56,10 +57,29 @@ def snakemake_command(work: Path, configs: list[Path], *targets: str) -> list[st
             str(os.cpu_count()), *targets, "--configfile", *map(str, configs)]
 
 
-def snakemake(work: Path, configs: list[Path], *targets: str) -> None:
-    proc = subprocess.run(snakemake_command(work, configs, *targets), capture_output=True, text=True)
+def snakemake(work: Path, configs: list[Path], *targets: str, dry_run: bool = False) -> str:
+    proc = subprocess.run(snakemake_command(work, configs, *targets) + (["--dry-run"] if dry_run else []),
+                          capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"recipes: snakemake failed in {work}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def planned_outputs(dry_run_output: str) -> list[str]:
+    """The output files of every job a Snakemake dry run lists."""
+    return [path for line in dry_run_output.splitlines() if line.strip().startswith("output: ")
+            for path in line.strip().removeprefix("output: ").split(", ")]
+
+
+def refuse_shared_reruns(run: Path, planned: list[str]) -> None:
+    """A recipe's run reaches the shared results through links: a job it would rerun there (stale
+    metadata, an input re-synced with a new mtime, a job killed half-way) would overwrite or delete
+    the data every other recipe was trained on."""
+    shared = sorted({p for p in planned if p.startswith(SHARED)})
+    if shared:
+        raise SystemExit(f"recipes: {run} would redo shared results ({', '.join(shared[:4])}"
+                         f"{', …' if len(shared) > 4 else ''}) and write them into the shared folder; nothing "
+                         f"was run. Delete {run} to start this recipe × seed afresh from the shared results.")
 
 
 def prepare_shared(workdir: Path, config: Path) -> Path:
@@ -83,13 +103,16 @@ def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: 
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(shared / rel)
-    for meta in (".snakemake",):  # Snakemake's record of the shared jobs, so it reruns none of them
-        if not (run / meta).exists() and (shared / meta).exists():
-            subprocess.run(["cp", "-a", str(shared / meta), str(run / meta)], check=True)
+    # Snakemake's record of the shared jobs, refreshed at every start, so that it reruns none of them
+    if (shared / ".snakemake" / "metadata").is_dir():
+        (run / ".snakemake").mkdir(exist_ok=True)
+        subprocess.run(["cp", "-a", str(shared / ".snakemake" / "metadata"), str(run / ".snakemake")], check=True)
     overlay = run / "recipe.yaml"
     overlay.write_text(yaml.safe_dump({"train": {**overrides, "seed": seed}}))
-    if not (run / "results/evaluation/results.json").exists():
-        snakemake(run, [config, overlay], "results/evaluation/results.json")
+    target = "results/evaluation/results.json"
+    if not (run / target).exists():
+        refuse_shared_reruns(run, planned_outputs(snakemake(run, [config, overlay], target, dry_run=True)))
+        snakemake(run, [config, overlay], target)
     return run
 
 

@@ -2,6 +2,8 @@
 
 import importlib.util
 
+import pytest
+
 from tests.conftest import REPO
 
 spec = importlib.util.spec_from_file_location("recipes", REPO / "benchmarks" / "recipes.py")
@@ -46,3 +48,27 @@ def test_snakemake_reads_the_targets_as_targets_and_every_config(tmp_path):
     args = get_argument_parser().parse_args(argv[3:])
     assert args.targets == ["results/vocab/d2t.npy", "results/x.json"]
     assert args.configfile == configs
+
+
+DRY_RUN = """
+rule tokenize:
+    input: results/models/t, results/responses/codegen.jsonl
+    output: results/tokenized/codegen.parquet, results/tokenized/codegen.rejects.jsonl
+    jobid: 7
+    wildcards: generated=codegen
+
+rule train:
+    input: results/merged/train.parquet
+    output: results/train/training.json
+    jobid: 2
+"""
+
+
+def test_a_recipe_run_that_would_redo_shared_results_is_refused_before_anything_runs(tmp_path):
+    # Its links lead into the shared folder: a tokenize job there had deleted codegen's tokens.
+    planned = recipes.planned_outputs(DRY_RUN)
+    assert planned == ["results/tokenized/codegen.parquet", "results/tokenized/codegen.rejects.jsonl",
+                       "results/train/training.json"]
+    with pytest.raises(SystemExit, match=r"would redo shared results \(results/tokenized/codegen\.parquet"):
+        recipes.refuse_shared_reruns(tmp_path, planned)
+    recipes.refuse_shared_reruns(tmp_path, ["results/train/training.json", "results/evaluation/results.json"])
