@@ -5,9 +5,9 @@ overrides. The data stages (generation, tokenization, merge and split, hidden st
 and the baseline measurement (the target alone) run once in ``WORKDIR/shared``; every recipe × seed
 trains, exports and is evaluated in its own folder that links to those results, so only training
 differs; a run that would redo any shared result (and so write into the shared folder) is refused
-before it starts. Every recipe gets the same epochs, data and seeds. A recipe × seed already evaluated is
-picked up, not rerun: a long comparison can be run one recipe at a time (``--only``), over several
-sittings or machines sharing WORKDIR.
+before it starts. Every recipe gets the same epochs, data and seeds. A recipe × seed already
+evaluated is picked up, not rerun: a long comparison can be run one recipe at a time (``--only``),
+over several sittings or machines sharing WORKDIR.
 
 Printed and written to ``WORKDIR/recipes.md`` (+ ``recipes.png``): τ per evaluation set at each
 temperature (pooled, from vLLM; mean and spread over seeds), the ratio to the first recipe (by

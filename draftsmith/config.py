@@ -170,9 +170,9 @@ def from_snakemake_args(args: list[str], workflow_dir: Path) -> dict[str, Any]:
         elif args[i].startswith("--config="):
             entries.append(args[i].partition("=")[2])
         elif args[i] in ("--configfile", "--configfiles", "--config", "-C"):
-            values = files if args[i].startswith("--configfile") else entries
+            kind, values = (Path, files) if args[i].startswith("--configfile") else (str, entries)
             while i + 1 < len(args) and not args[i + 1].startswith("-"):
-                values.append(Path(args[i + 1]) if values is files else args[i + 1])
+                values.append(kind(args[i + 1]))
                 i += 1
         i += 1
     overrides = {}

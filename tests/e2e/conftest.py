@@ -1,4 +1,4 @@
-"""One real workflow run (10-15 min on 2 cores), shared by every end-to-end test."""
+"""One real workflow run (9-15 min on 2 cores, by machine), shared by every end-to-end test."""
 
 from __future__ import annotations
 
