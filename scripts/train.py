@@ -1,11 +1,12 @@
 import json
 import logging
+import os
 from contextlib import nullcontext
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from draftsmith import compute, target
+from draftsmith import compute, placement, target
 from draftsmith import hidden_states as hs
 from draftsmith import train as tr
 from draftsmith.atomic import write_json
@@ -34,13 +35,18 @@ def stores(manifest_paths):
 
 def main() -> None:
     cfg, hs_cfg, ops = sm.params.train, sm.params.hidden_states, sm.config["train"]
+    online = hs_cfg["mode"] == "online"
+    if online:  # first: nothing may start CUDA or torch's threads before the trainer's share is set
+        shares = placement.online(sm.config["server"]["gpus"], ops["gpus"], sm.threads,
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
+        placement.apply_to_trainer(shares)
+        log.info("online hidden states: %s", shares.summary)
     tgt = target_of(sm)
     facts = target.facts(tgt)
     merged = Path(sm.input.table)
     pretrained = Path(sm.input.pretrained[0]).parent if sm.input.pretrained else None
     aux = hs.choose_aux_layers(hs_cfg["aux_layers"], facts.num_layers,
                                pretrained / "check.json" if pretrained else None)
-    online = hs_cfg["mode"] == "online"
     states = fingerprint(target.fingerprint(tgt), aux, facts.num_layers, "vllm" if online else hs_cfg["backend"])
     by_dataset, failed = stores(sm.input.manifests) if not online else ({}, set())
     table = pq.read_table(merged, columns=["dataset", "source_row", "split", "seq_len"]).to_pylist()
@@ -63,6 +69,8 @@ def main() -> None:
     n_train = sum(table[i]["split"] == TRAIN for i in keep)
     server = spec_from_config(tgt.model, sm.config["server"], **hs.vllm_server_configs(
         aux, facts.num_layers, run_dir / "online_staging")) if online else None
+    if server:
+        server.env = {**shares.server_env, **server.env}  # a binding the config sets wins
     with managed_server(server, Path(sm.log.server)) if online else nullcontext() as extractor:
         argv = tr.speculators_args(
             cfg, verifier=tgt.model, data_dir=data_dir, save_dir=run_dir / "checkpoints", d2t=Path(sm.input.d2t),
@@ -75,7 +83,8 @@ def main() -> None:
         metrics = run_dir / "validation.jsonl"
         processes = ops["processes"] or max(ops["gpus"], 1)
         if processes > 1:
-            validation = tr.train_under_torchrun(processes, metrics, argv, sm.threads)
+            threads = shares.trainer_threads if online and shares.trainer_threads else sm.threads
+            validation = tr.train_under_torchrun(processes, metrics, argv, threads)
         else:
             validation = tr.train(argv, metrics)
     for epoch in validation:
