@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from draftsmith import devices
 from draftsmith.client import RequestFailed
 from draftsmith.config import ConfigError
 from draftsmith.generate import GenerationFailed, GenerationInterrupted
@@ -35,7 +36,8 @@ def target_of(sm) -> Target:
     return resolve(sm.config["target"], base_dir(sm))
 
 
-def run(main: Callable[[], None], log_path: str, threads: int | None = None) -> None:
+def run(main: Callable[[], None], log_path: str, threads: int | None = None, gpus: int = 0) -> None:
+    """Run a job's ``main`` with its log set up, on ``threads`` threads and ``gpus`` GPUs of its own."""
     if threads:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
@@ -47,7 +49,8 @@ def run(main: Callable[[], None], log_path: str, threads: int | None = None) -> 
     for name in ("httpx", "httpx2"):  # one line per request drowns the progress (openai's client logs as httpx2)
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
-        main()
+        with devices.for_job(gpus):
+            main()
     except USER_ERRORS as err:
         logging.getLogger("draftsmith").error("%s", err, exc_info=True)
         print(f"draftsmith: {type(err).__name__}: {err} (log: {log_path})", file=console)

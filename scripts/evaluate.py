@@ -41,4 +41,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     sm = snakemake
-    run(main, sm.log.main, sm.threads)
+    run(main, sm.log.main, sm.threads, sm.resources.gpu)

@@ -51,4 +51,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     sm = snakemake
-    run(main, sm.log.main, sm.threads)
+    run(main, sm.log.main, sm.threads, sm.resources.gpu)

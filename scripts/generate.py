@@ -64,4 +64,4 @@ async def _generate(prompts, client, settings, outputs, limits, name, server_exi
 
 if __name__ == "__main__":
     sm = snakemake
-    run(main, sm.log.main)
+    run(main, sm.log.main, gpus=sm.resources.gpu)

@@ -104,4 +104,4 @@ def main() -> None:
 
 if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`
     sm = snakemake
-    run(main, sm.log.main, sm.threads)
+    run(main, sm.log.main, sm.threads, sm.resources.gpu)

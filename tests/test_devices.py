@@ -1,0 +1,87 @@
+"""GPU leases for jobs side by side on one machine (no GPU needed: the leases are files)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from draftsmith import devices
+from tests.conftest import REPO
+
+HOLD = """import sys, time
+from pathlib import Path
+from draftsmith import devices
+with devices.lease(int(sys.argv[1]), 4, Path(sys.argv[2])) as ids:
+    print(",".join(map(str, ids)), flush=True)
+    time.sleep(600)
+"""
+
+
+def holder(count: int, folder) -> tuple[subprocess.Popen, list[int]]:
+    """Another job holding ``count`` of 4 GPUs."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(count), str(folder)], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    return proc, [int(i) for i in proc.stdout.readline().split(",")]
+
+
+def test_jobs_side_by_side_get_different_gpus_and_a_kill_frees_them(tmp_path):
+    other, theirs = holder(2, tmp_path)
+    try:
+        with devices.lease(2, 4, tmp_path) as mine:
+            assert len(mine) == 2 and not set(mine) & set(theirs)
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait()
+    with devices.lease(4, 4, tmp_path, poll_s=0.05) as every:  # the killed job's leases went with it
+        assert every == [0, 1, 2, 3]
+
+
+def test_a_job_waits_holding_nothing_until_enough_are_free(tmp_path):
+    other, theirs = holder(3, tmp_path)
+    got: list[int] = []
+
+    def wait_for_two():
+        with devices.lease(2, 4, tmp_path, poll_s=0.05) as ids:
+            got.extend(ids)
+
+    waiter = threading.Thread(target=wait_for_two)
+    waiter.start()
+    time.sleep(0.5)
+    assert not got
+    # While it waits it holds no id: a third job can still take the free one.
+    with devices.lease(1, 4, tmp_path, poll_s=0.05) as free:
+        assert not set(free) & set(theirs)
+    other.send_signal(signal.SIGKILL)
+    other.wait()
+    waiter.join(timeout=10)
+    assert len(got) == 2
+
+
+def test_a_scheduler_choice_or_no_gpu_is_left_alone(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with devices.for_job(1):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with devices.for_job(0):
+        assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    with pytest.raises(ValueError, match="needs 5 GPUs and this machine has 4"), devices.lease(5, 4):
+        pass
+
+
+def test_a_job_on_a_machine_with_gpus_sees_only_its_lease(monkeypatch, tmp_path):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(devices, "machine_gpus", lambda: 8)
+    monkeypatch.setattr(devices, "LEASES", tmp_path)
+    other, theirs = holder(1, tmp_path)  # the holder leases from 4 of them: id 0
+    try:
+        with devices.for_job(2):
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,2" and theirs == [0]
+    finally:  # monkeypatch takes CUDA_VISIBLE_DEVICES away again
+        other.kill()
+        other.wait()
