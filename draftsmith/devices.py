@@ -19,7 +19,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 log = logging.getLogger(__name__)
 LEASES = Path(tempfile.gettempdir()) / "draftsmith-gpu-leases"
@@ -35,14 +34,16 @@ def machine_gpus() -> int | None:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else None
 
 
-def _try_lock(path: Path) -> IO | None:
-    handle = path.open("a")
+def _try_lock(path: Path) -> int | None:
+    """An open descriptor holding ``path``'s exclusive lock, or None if another job holds it. Opened
+    read-only: another user's jobs lock the same files."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.close()
+        os.close(fd)
         return None
-    return handle
+    return fd
 
 
 @contextlib.contextmanager
@@ -53,17 +54,19 @@ def lease(count: int, total: int, folder: Path | None = None, poll_s: float = 5.
         raise ValueError(f"the job needs {count} GPUs and this machine has {total}")
     folder = folder or LEASES
     folder.mkdir(parents=True, exist_ok=True)
-    held: dict[int, IO] = {}
+    with contextlib.suppress(PermissionError):  # every user's jobs lease from the same GPUs
+        folder.chmod(0o1777)
+    held: dict[int, int] = {}
     waited = False
     try:
         while True:
             for gpu in range(total):
-                if len(held) < count and (handle := _try_lock(folder / f"gpu{gpu}.lock")):
-                    held[gpu] = handle
+                if len(held) < count and (fd := _try_lock(folder / f"gpu{gpu}.lock")) is not None:
+                    held[gpu] = fd
             if len(held) == count:
                 break
-            for handle in held.values():
-                handle.close()
+            for fd in held.values():
+                os.close(fd)
             held.clear()
             if not waited:
                 log.info("waiting for %d free GPUs of %d (other jobs hold the rest; leases in %s)", count, total,
@@ -72,8 +75,8 @@ def lease(count: int, total: int, folder: Path | None = None, poll_s: float = 5.
             time.sleep(poll_s)
         yield sorted(held)
     finally:
-        for handle in held.values():
-            handle.close()
+        for fd in held.values():
+            os.close(fd)
 
 
 @contextlib.contextmanager
