@@ -23,6 +23,22 @@ with devices.lease(int(sys.argv[1]), 4, Path(sys.argv[2])) as ids:
 """
 
 
+def lease_within(count: int, folder, seconds: float = 10) -> list[int]:
+    """A lease of ``count`` of 4 taken (and given back) within ``seconds``, else [] — a lease that is
+    never freed fails the test instead of hanging it."""
+    got: list[int] = []
+
+    def take():
+        with devices.lease(count, 4, folder, poll_s=0.05) as ids:
+            got.extend(ids)
+
+    threading.Thread(target=take, daemon=True).start()
+    deadline = time.monotonic() + seconds
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
 def holder(count: int, folder) -> tuple[subprocess.Popen, list[int]]:
     """Another job holding ``count`` of 4 GPUs."""
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(count), str(folder)], stdout=subprocess.PIPE, text=True,
@@ -38,8 +54,7 @@ def test_jobs_side_by_side_get_different_gpus_and_a_kill_frees_them(tmp_path):
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait()
-    with devices.lease(4, 4, tmp_path, poll_s=0.05) as every:  # the killed job's leases went with it
-        assert every == [0, 1, 2, 3]
+    assert lease_within(4, tmp_path) == [0, 1, 2, 3]  # the killed job's leases went with it
 
 
 def test_a_job_waits_holding_nothing_until_enough_are_free(tmp_path):
@@ -50,16 +65,17 @@ def test_a_job_waits_holding_nothing_until_enough_are_free(tmp_path):
         with devices.lease(2, 4, tmp_path, poll_s=0.05) as ids:
             got.extend(ids)
 
-    waiter = threading.Thread(target=wait_for_two)
-    waiter.start()
+    threading.Thread(target=wait_for_two, daemon=True).start()
     time.sleep(0.5)
     assert not got
     # While it waits it holds no id: a third job can still take the free one.
-    with devices.lease(1, 4, tmp_path, poll_s=0.05) as free:
-        assert not set(free) & set(theirs)
+    free = lease_within(1, tmp_path)
+    assert len(free) == 1 and not set(free) & set(theirs)
     other.send_signal(signal.SIGKILL)
     other.wait()
-    waiter.join(timeout=10)
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(got) == 2
 
 
