@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -33,19 +32,6 @@ from draftsmith.atomic import write_json
 from draftsmith.hs_store import HiddenStateStore, Writer
 
 log = logging.getLogger(__name__)
-
-def default_aux_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's usual choice: an early, a middle and a late layer."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def choose_aux_layers(configured: list[int] | None, num_layers: int, pretrained_check: Path | None) -> list[int]:
-    """The one place the layers are decided: configured, else the warm-start drafter's, else EAGLE-3's."""
-    if configured:
-        return list(configured)
-    if pretrained_check is not None:
-        return list(json.loads(pretrained_check.read_text())["aux_layers"])
-    return default_aux_layers(num_layers)
 
 
 def check_disk(folder: Path, need: int) -> None:
@@ -76,13 +62,15 @@ def write_manifest(store: HiddenStateStore, rows: list[list[int]], out: Path, fa
 # --- transformers backend -------------------------------------------------------------------
 
 def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writer: Writer,
-                         aux_layers: list[int], threads: int, dtype: str = "bfloat16") -> None:
+                         aux_layers: list[int], threads: int, dtype: str = "bfloat16",
+                         trust_remote_code: bool = False) -> None:
     """A forward pass per row in ``dtype`` (see :mod:`draftsmith.compute`); stored in bf16 by the writer."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                 trust_remote_code=trust_remote_code).eval()
     layers = model.model.layers
     captured: dict[str, torch.Tensor] = {}
     # hidden_states[k] from transformers is the output of decoder layer k-1, but the final slot

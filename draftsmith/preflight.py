@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from draftsmith.layers import aux_layer_problem, default_aux_layers
 from draftsmith.target import Facts, Target
 
 
@@ -120,9 +121,18 @@ def _lengths(config: dict) -> list[str]:
 def _against_target(config: dict, facts: Facts) -> list[str]:
     found = []
     aux = config["hidden_states"]["aux_layers"]
-    if aux is not None and max(aux) >= facts.num_layers:
-        found.append(f"hidden_states.aux_layers {aux}: the target has {facts.num_layers} layers (ids 0 to "
-                     f"{facts.num_layers - 1})")
+    if aux is not None and len(set(aux)) == len(aux):  # a repeat is reported without the target's facts
+        problem = aux_layer_problem(aux, facts.num_layers)
+        if problem:
+            found.append(f"hidden_states.aux_layers {problem}")
+    elif aux is None and not config["train"]["from_pretrained"]:
+        try:
+            default_aux_layers(facts.num_layers)
+        except ValueError as err:
+            found.append(f"hidden_states.aux_layers: {err}")
+    if facts.custom_code and not config["target"]["trust_remote_code"]:
+        found.append(f"target.source: the target ships its own modeling code (auto_map in its config.json, "
+                     f"model type {facts.model_type}); set target.trust_remote_code: true to run it")
     draft_vocab = config["vocab"]["draft_vocab_size"]
     if draft_vocab > facts.vocab_size:
         found.append(f"vocab.draft_vocab_size ({draft_vocab}) is above the target's vocabulary ({facts.vocab_size})")

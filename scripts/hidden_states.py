@@ -5,6 +5,7 @@ from pathlib import Path
 from draftsmith import compute, target
 from draftsmith import hidden_states as hs
 from draftsmith.hs_store import fingerprint, open_store
+from draftsmith.layers import choose_aux_layers
 from draftsmith.plan import bytes_per_token
 from draftsmith.runner import run, target_of
 from draftsmith.server import managed_server, spec_from_config
@@ -17,7 +18,7 @@ def main() -> None:
     tgt = target_of(sm)
     facts = target.facts(tgt)
     folder = Path(sm.output.manifest).parent
-    aux = hs.choose_aux_layers(cfg["aux_layers"], facts.num_layers,
+    aux = choose_aux_layers(cfg["aux_layers"], facts.num_layers,
                                Path(sm.input.pretrained[0]) if sm.input.pretrained else None)
     store = open_store(folder, fingerprint(target.fingerprint(tgt), aux, facts.num_layers, cfg["backend"]),
                        cfg["layout"], cfg["shard_mb"])
@@ -38,11 +39,12 @@ def main() -> None:
     failed: dict[int, str] = {}
     if todo and cfg["backend"] == "transformers":
         with store.writer() as writer:
-            hs.extract_transformers(tgt.model, todo, writer, aux, sm.threads, dtype.dtype)
+            hs.extract_transformers(tgt.model, todo, writer, aux, sm.threads, dtype.dtype,
+                                    trust_remote_code=tgt.trust_remote_code)
     elif todo:
         staged = 2 if dtype.dtype == "float32" else 1  # the server's file holds what it computed in
         staging = hs.staging_folder(ops["staging_dir"], folder, sm.wildcards.dataset)
-        spec = spec_from_config(tgt.model, sm.config["server"],
+        spec = spec_from_config(tgt, sm.config["server"],
                                 **hs.vllm_server_configs(aux, facts.num_layers, staging))
         with managed_server(spec, Path(sm.log.server)) as server, store.writer() as writer:
             failed = asyncio.run(hs.extract_vllm(server.base_url, todo, writer, hs.ExtractionPolicy.from_config(ops),

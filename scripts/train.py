@@ -12,6 +12,7 @@ from draftsmith import train as tr
 from draftsmith.atomic import write_json
 from draftsmith.digest import file_sha256, json_digest
 from draftsmith.hs_store import BACKEND, fingerprint, open_store, write_locations
+from draftsmith.layers import choose_aux_layers
 from draftsmith.merge import TRAIN, train_ratio
 from draftsmith.runner import run, target_of
 from draftsmith.server import managed_server, spec_from_config
@@ -45,7 +46,7 @@ def main() -> None:
     facts = target.facts(tgt)
     merged = Path(sm.input.table)
     pretrained = Path(sm.input.pretrained[0]).parent if sm.input.pretrained else None
-    aux = hs.choose_aux_layers(hs_cfg["aux_layers"], facts.num_layers,
+    aux = choose_aux_layers(hs_cfg["aux_layers"], facts.num_layers,
                                pretrained / "check.json" if pretrained else None)
     states = fingerprint(target.fingerprint(tgt), aux, facts.num_layers, "vllm" if online else hs_cfg["backend"])
     by_dataset, failed = stores(sm.input.manifests) if not online else ({}, set())
@@ -67,7 +68,7 @@ def main() -> None:
     dtype = compute.choose(ops["dtype"])
     rows = len(keep)
     n_train = sum(table[i]["split"] == TRAIN for i in keep)
-    server = spec_from_config(tgt.model, sm.config["server"], **hs.vllm_server_configs(
+    server = spec_from_config(tgt, sm.config["server"], **hs.vllm_server_configs(
         aux, facts.num_layers, run_dir / "online_staging")) if online else None
     if server:
         server.env = {**shares.server_env, **server.env}  # a binding the config sets wins
@@ -77,7 +78,8 @@ def main() -> None:
             t2d=Path(sm.input.t2d), aux_layers=aux, train_ratio=train_ratio(n_train, rows), on_cpu=on_cpu,
             log_dir=run_dir / "logs", num_workers=ops["num_workers"], from_pretrained=pretrained,
             hidden_states_backend="file" if online else BACKEND,
-            vllm_endpoint=extractor.base_url if online else None, dtype=dtype.dtype)
+            vllm_endpoint=extractor.base_url if online else None, dtype=dtype.dtype,
+            trust_remote_code=tgt.trust_remote_code)
         log.info("run %s (%d rows, %s hidden states, cpu=%s, %s: %s): speculators train %s", key, rows,
                  hs_cfg["mode"], on_cpu, dtype.dtype, dtype.reason, " ".join(argv))
         metrics = run_dir / "validation.jsonl"

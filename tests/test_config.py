@@ -131,6 +131,27 @@ def test_mistakes_found_only_hours_in_are_found_before_any_work(overrides, expec
     assert len(found) == 1 and re.search(expected, found[0]), found
 
 
+@pytest.mark.parametrize("num_layers, aux, expected", [
+    (4, None, None),  # the default [2, N/2, N-3] was [2, 2, 1]: training refused it after extraction
+    (4, [2, 2, 1], r"hidden_states.aux_layers \[2, 2, 1\] repeats a layer"),
+    (4, [1, 2, 4], r"hidden_states.aux_layers \[1, 2, 4\]: the target has 4 layers \(ids 0 to 3\)"),
+    (2, None, "hidden_states.aux_layers: EAGLE-3 needs three distinct auxiliary layers; the target has 2 layers"),
+])
+def test_auxiliary_layers_training_would_refuse_are_found_before_work(num_layers, aux, expected, tmp_path):
+    small = Facts(num_layers=num_layers, hidden_size=64, vocab_size=49152, max_position_embeddings=8192,
+                  model_type="qwen3")
+    found = problems_of({"hidden_states": {"aux_layers": aux}}, tmp_path, small)
+    assert (found == []) if expected is None else (len(found) == 1 and re.search(expected, found[0])), found
+
+
+def test_a_target_with_its_own_code_needs_the_flag(tmp_path):
+    custom = Facts(num_layers=30, hidden_size=576, vocab_size=49152, max_position_embeddings=8192,
+                   model_type="kimi_k2", custom_code=True)
+    (found,) = problems_of({}, tmp_path, custom)
+    assert "target.trust_remote_code: true" in found and "kimi_k2" in found
+    assert problems_of({"target": {"trust_remote_code": True}}, tmp_path, custom) == []
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     found = problems_of({"hidden_states": {"aux_layers": [2, 15, 99]}, "train": {"total_seq_len": 512}}, tmp_path)
     assert len(found) == 2

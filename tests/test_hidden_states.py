@@ -9,6 +9,7 @@ import torch
 
 from draftsmith import hidden_states as hs
 from draftsmith.hs_store import ShardStore, ShardTransfer, fingerprint, open_store, write_locations
+from draftsmith.layers import aux_layer_problem, choose_aux_layers, default_aux_layers
 from draftsmith.plan import bytes_per_token
 from tests.conftest import REPO
 
@@ -33,7 +34,7 @@ def test_transformers_backend_writes_the_layout_speculators_reads(target_dir, ta
     store = open_store(tmp_path / "hs", FP, "per_row")
     rows = hs.read_rows(table)
     assert store.done(rows) == set()
-    aux = hs.default_aux_layers(30)
+    aux = default_aux_layers(30)
     assert aux == [2, 15, 27]
     with store.writer() as writer:
         hs.extract_transformers(str(target_dir), list(enumerate(rows)), writer, aux, threads=1)
@@ -177,9 +178,21 @@ def test_vllm_server_flags_name_the_cpu_connector(tmp_path):
 def test_the_layers_are_decided_in_one_place(tmp_path):
     check = tmp_path / "check.json"
     check.write_text(json.dumps({"aux_layers": [1, 10, 20]}))
-    assert hs.choose_aux_layers([3, 4, 5], 30, check) == [3, 4, 5]
-    assert hs.choose_aux_layers(None, 30, check) == [1, 10, 20]
-    assert hs.choose_aux_layers(None, 30, None) == [2, 15, 27]
+    assert choose_aux_layers([3, 4, 5], 30, check) == [3, 4, 5]
+    assert choose_aux_layers(None, 30, check) == [1, 10, 20]
+    assert choose_aux_layers(None, 30, None) == [2, 15, 27]
+
+
+@pytest.mark.parametrize("num_layers, expected", [(3, [0, 1, 2]), (4, [0, 2, 3]), (6, [0, 3, 5]), (7, [2, 3, 4]),
+                                                  (61, [2, 30, 58])])
+def test_the_default_layers_are_distinct_target_layers_at_every_depth(num_layers, expected):
+    layers = default_aux_layers(num_layers)  # EAGLE-3's [2, N/2, N-3] gave [2, 2, 1] for 4 layers
+    assert layers == expected and aux_layer_problem(layers, num_layers) is None
+
+
+def test_a_target_too_shallow_for_three_layers_is_named():
+    with pytest.raises(ValueError, match="the target has 2 layers"):
+        default_aux_layers(2)
 
 
 @pytest.mark.parametrize("layout", ["per_row", "shards"])
