@@ -16,13 +16,19 @@ Two row layouts (``tokenize.multi_turn``):
   assistant turn (Qwen3, Kimi) are not prefix-stable; this is the layout for them.
 - ``auto`` (default): ``whole`` when a probe conversation is prefix-stable, else ``per_turn``.
 
+What is supervised is what the model produced: where the server returned the answer's token ids
+(vLLM ``return_token_ids``), those ids are the turn's supervised tokens, followed by the
+template's end-of-turn marker when the model stopped on its own; the template renders only the
+prompt and the history. Re-rendering the answer's text is the fallback for servers that return
+text only (and for ``reasoning: drop``, which leaves the model's thinking out). So a thinking
+block the parser split differently from the template, an answer cut inside a multi-byte
+character or a non-canonical tokenization trains on the model's own tokens instead of failing.
+
 Checks that can fail (counted per dataset, the job fails above the configured rates): the
 prompt we render for each turn has as many tokens as the server counted (and the same ids when
-the server returned them), and the supervised tokens of each turn spell the same text as the
-token ids the model produced, where the server returned them (vLLM ``return_token_ids``). Same
-text in other token ids is counted apart (``answer_retokenized``): a model does not always
-tokenize canonically, and with thousands of tokens per answer nearly every answer has a spot
-where it did not; that is no template error.
+the server returned them), and the model's token ids spell the text the server returned (another
+tokenizer than the target's would not). :func:`early_check` runs the same checks on a generate
+job's first answers, so a mismatch stops the job in its first minute, not after its budget.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ class Checks:
     prompt_mismatched: int = 0
     answer_checked: int = 0
     answer_mismatched: int = 0
-    answer_retokenized: int = 0  # same text, other token ids: the model's tokenization was not canonical
+    answer_own_tokens: int = 0  # turns supervised on the token ids the model produced
     examples: list[dict] = field(default_factory=list)
 
     def note(self, kind: str, ok: bool, record_id: str, turn: int, detail: str) -> None:
@@ -81,7 +87,7 @@ class Checks:
     def as_dict(self) -> dict:
         return {"prompt_checked": self.prompt_checked, "prompt_mismatched": self.prompt_mismatched,
                 "answer_checked": self.answer_checked, "answer_mismatched": self.answer_mismatched,
-                "answer_retokenized": self.answer_retokenized, "examples": self.examples}
+                "answer_own_tokens": self.answer_own_tokens, "examples": self.examples}
 
 
 def prepare_messages(messages: list[dict], reasoning: str) -> list[dict]:
@@ -156,8 +162,32 @@ def _cut_end(text: str, start: int, end: int, generated: dict) -> int:
     return end
 
 
-def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layout: str) -> list[Row]:
-    """Token rows for one conversation (``turns``: the per-assistant-turn facts from generation)."""
+END_PROBE = "\x00draftsmith-end-of-turn-probe\x00"
+
+
+def _end_of_turn(renderer: Renderer, messages: list[dict], i: int) -> list[int]:
+    """The token ids the template writes after assistant message ``i``'s text (its end-of-turn
+    marker), found by rendering a probe answer in its place."""
+    text = renderer.text([*messages[:i], {"role": "assistant", "content": END_PROBE}], False)
+    return renderer.ids(text[text.rfind(END_PROBE) + len(END_PROBE):].rstrip())
+
+
+def _own_tokens(renderer: Renderer, messages: list[dict], i: int, turn: dict) -> list[int]:
+    """The model's token ids for a turn, ended by the template's end-of-turn marker when the model
+    stopped on its own and the server did not already include it (vLLM does)."""
+    ids = list(turn["token_ids"])
+    if turn.get("finish_reason") == "length":
+        return ids
+    end = _end_of_turn(renderer, messages, i)
+    return ids if not end or ids[-len(end):] == end else ids + end
+
+
+def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layout: str,
+               own_tokens: bool = True) -> list[Row]:
+    """Token rows for one conversation (``turns``: the per-assistant-turn facts from generation).
+
+    With ``own_tokens`` and the model's token ids in ``turns``, each answer is those ids;
+    otherwise its rendered text, tokenized."""
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     groups = [assistant] if layout == "whole" else [[i] for i in assistant]
     rows = []
@@ -173,12 +203,44 @@ def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layo
             if k < len(turns) and turns[k].get("finish_reason") == "length":
                 end = _cut_end(text, start, end, messages[i])
             spans[k] = (start, end)
-        enc = renderer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, offsets = list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]]
-        owner = [next((k for k, (s, e) in spans.items() if s <= a < e), None) for a in offsets]
-        rows.append(Row(ids, [int(k is not None) for k in owner],
-                        {k: [t for t, o in zip(ids, owner, strict=True) if o == k] for k in spans}))
+        produced = own_tokens and all(k < len(turns) and turns[k].get("token_ids") is not None for k in spans)
+        rows.append(_own_row(renderer, messages, turns, text, spans, assistant) if produced
+                    else _rendered_row(renderer, text, spans))
     return rows
+
+
+def _rendered_row(renderer: Renderer, text: str, spans: dict[int, tuple[int, int]]) -> Row:
+    """The rendered text tokenized whole; the answers' characters supervised."""
+    enc = renderer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]]
+    owner = [next((k for k, (s, e) in spans.items() if s <= a < e), None) for a in offsets]
+    return Row(ids, [int(k is not None) for k in owner],
+               {k: [t for t, o in zip(ids, owner, strict=True) if o == k] for k in spans})
+
+
+def _own_row(renderer: Renderer, messages: list[dict], turns: list[dict], text: str,
+             spans: dict[int, tuple[int, int]], assistant: list[int]) -> Row:
+    """The template's text between the answers, tokenized; each answer the model's own ids."""
+    ids: list[int] = []
+    mask: list[int] = []
+    turn_tokens: dict[int, list[int]] = {}
+    position = 0
+    for k, (start, end) in sorted(spans.items()):
+        between = renderer.ids(text[position:start])
+        answer = _own_tokens(renderer, messages, assistant[k], turns[k])
+        ids += between + answer
+        mask += [0] * len(between) + [1] * len(answer)
+        turn_tokens[k] = answer
+        # After a cut turn the template's end-of-turn text stands where the model wrote none.
+        position = end if turns[k].get("finish_reason") != "length" else len(text.rstrip())
+    rest = renderer.ids(text[position:].rstrip())
+    return Row(ids + rest, mask + [0] * len(rest), turn_tokens)
+
+
+def _spelled(text: str) -> str:
+    """Text compared without whitespace, think tags or replacement characters (an answer cut inside
+    a multi-byte character decodes to one; the server holds those bytes back)."""
+    return "".join(text.replace("<think>", "").replace("</think>", "").replace("\ufffd", "").split())
 
 
 def check_turns(renderer: Renderer, messages: list[dict], turns: list[dict], rows: list[Row], checks: Checks,
@@ -194,15 +256,21 @@ def check_turns(renderer: Renderer, messages: list[dict], turns: list[dict], row
                 facts.get("prompt_ids_digest", ids_digest(prompt_ids)) == ids_digest(prompt_ids)
             checks.note("prompt", ok, record_id, k, f"we render {len(prompt_ids)} prompt tokens, the server "
                                                     f"counted {facts['prompt_tokens']}")
-        if facts.get("token_ids") is not None:
-            ours, produced = supervised[k], facts["token_ids"]
-            text, model_text = renderer.tokenizer.decode(ours), renderer.tokenizer.decode(produced)
-            first = next((j for j, (a, b) in enumerate(zip(text, model_text, strict=False)) if a != b),
-                         min(len(text), len(model_text)))
-            checks.note("answer", text == model_text, record_id, k,
-                        f"the supervised text differs from the model's at character {first}: "
-                        f"{text[first:first + 40]!r} vs {model_text[first:first + 40]!r}")
-            checks.answer_retokenized += text == model_text and ours != produced
+        if facts.get("token_ids") is None or k not in supervised:
+            continue
+        produced = facts["token_ids"]
+        if supervised[k][: len(produced)] != produced:
+            continue  # rendered text (reasoning: drop): the model's thinking is left out on purpose
+        checks.answer_own_tokens += 1
+        # The model's tokens must spell what the server returned: another tokenizer would not.
+        returned = (messages[i].get("reasoning_content") or "") + (messages[i].get("content") or "")
+        ours = _spelled(renderer.tokenizer.decode(produced, skip_special_tokens=True))
+        theirs = _spelled(returned)
+        first = next((j for j, (x, y) in enumerate(zip(ours, theirs, strict=False)) if x != y),
+                     min(len(ours), len(theirs)))
+        checks.note("answer", ours == theirs, record_id, k,
+                    f"the model's token ids spell {ours[first:first + 40]!r} at character {first} (whitespace "
+                    f"aside), the server returned {theirs[first:first + 40]!r}")
 
 
 @dataclass
@@ -218,25 +286,20 @@ class TokenizeSettings:
         return cls(**{k: v for k, v in cfg.items() if k in cls.__dataclass_fields__})
 
 
-def tokenize_file(responses: Path, tokenizer_dir: str, out: Path, rejects_out: Path, dataset: str,
+def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, dataset: str,
                   settings: TokenizeSettings, template_kwargs: dict | None = None) -> dict:
     """Tokenize a responses file into a parquet table; unusable records go to ``rejects_out``."""
-    from transformers import AutoTokenizer
-
-    renderer = Renderer(AutoTokenizer.from_pretrained(tokenizer_dir), template_kwargs)
+    renderer = Renderer(tokenizer, template_kwargs)
     layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
     rows, rejects, checks = [], [], Checks()
     with responses.open(encoding="utf-8") as fh:
         for number, line in enumerate(fh, start=1):
             rec = json.loads(line)
-            messages = prepare_messages(rec["messages"], settings.reasoning)
-            turns = rec.get("turns", [])
             try:
-                built = build_rows(renderer, messages, turns, layout)
+                built = _record_rows(renderer, rec, layout, settings, checks)
             except TemplateError as err:
                 rejects.append({"file": str(responses), "row": number, "id": rec["id"], "reason": str(err)})
                 continue
-            check_turns(renderer, messages, turns, built, checks, rec["id"])
             for row in built:
                 row_id = rec["id"] if layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
                 ids, mask = row.input_ids[: settings.max_length], row.loss_mask[: settings.max_length]
@@ -247,7 +310,7 @@ def tokenize_file(responses: Path, tokenizer_dir: str, out: Path, rejects_out: P
                 rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
                              "loss_mask": mask, "seq_len": len(ids),
                              "truncated_to_max_length": len(row.input_ids) > settings.max_length})
-    _enforce(checks, settings, responses)
+    _enforce(checks, settings, str(responses))
     if rejects:
         log.warning("%s: %d rows rejected (see %s)", responses, len(rejects), rejects_out)
     write_parquet(rows, out)
@@ -257,19 +320,55 @@ def tokenize_file(responses: Path, tokenizer_dir: str, out: Path, rejects_out: P
             "round_trip": checks.as_dict()}
 
 
-def _enforce(checks: Checks, settings: TokenizeSettings, responses: Path) -> None:
-    for kind, limit, meaning in (
-            ("prompt", settings.max_prompt_mismatch_fraction,
-             "the server rendered prompts differently from the target's template here (another template, "
-             "other chat_template_kwargs, or a template that strips history differently)"),
-            ("answer", settings.max_answer_mismatch_fraction,
-             "the answer text does not re-tokenize to the tokens the model produced (a reasoning parser or "
-             "template that changes whitespace or think tags, or a different tokenizer)")):
+def _record_rows(renderer: Renderer, record: dict, layout: str, settings: TokenizeSettings,
+                 checks: Checks) -> list[Row]:
+    """One generated record's rows, its turns checked into ``checks``."""
+    messages = prepare_messages(record["messages"], settings.reasoning)
+    turns = record.get("turns", [])
+    rows = build_rows(renderer, messages, turns, layout, own_tokens=settings.reasoning != "drop")
+    check_turns(renderer, messages, turns, rows, checks, record["id"])
+    return rows
+
+
+def early_check(tokenizer, records: list[dict], settings: TokenizeSettings, template_kwargs: dict | None,
+                where: str) -> str | None:
+    """The tokenize stage's round trip on a generate job's first answers: what is wrong (the likely
+    cause and the setting), or None. A mismatch then costs a minute of generation, not the
+    dataset's whole budget."""
+    renderer = Renderer(tokenizer, template_kwargs)
+    layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
+    checks = Checks()
+    try:
+        for record in records:
+            _record_rows(renderer, record, layout, settings, checks)
+        _enforce(checks, settings, f"{where}: the first {len(records)} answers")
+    except TemplateError as err:
+        return f"{where}: answer {record['id']}: {err}"
+    except RoundTripError as err:
+        return str(err)
+    log.info("%s: the first %d answers pass the round trip (%s)", where, len(records), checks.as_dict())
+    return None
+
+
+ROUND_TRIP_CAUSES = {
+    "prompt": "the server rendered the prompts differently from the target's chat template: another template "
+              "(the served model is not target.source, or the server has its own --chat-template), other "
+              "template arguments (target.chat_template_kwargs, e.g. enable_thinking, must be what the "
+              "server gets), or a template that renders the history differently; fix that setting, or accept "
+              "the difference with tokenize.max_prompt_mismatch_fraction",
+    "answer": "the model's token ids do not spell the text the server returned: the server's tokenizer is not "
+              "the target's (generation_server.served_model or target.source names another model)",
+}
+
+
+def _enforce(checks: Checks, settings: TokenizeSettings, where: str) -> None:
+    for kind, limit in (("prompt", settings.max_prompt_mismatch_fraction),
+                        ("answer", settings.max_answer_mismatch_fraction)):
         if checks.rate(kind) > limit:
             raise RoundTripError(
-                f"{responses}: {getattr(checks, f'{kind}_mismatched')} of {getattr(checks, f'{kind}_checked')} "
-                f"turns fail the {kind} round trip ({checks.rate(kind):.1%}, above {limit:.1%}): {meaning}; "
-                f"examples: {checks.examples}")
+                f"{where}: {getattr(checks, f'{kind}_mismatched')} of {getattr(checks, f'{kind}_checked')} "
+                f"turns fail the {kind} round trip ({checks.rate(kind):.1%}, above {limit:.1%}): "
+                f"{ROUND_TRIP_CAUSES[kind]}; examples: {checks.examples}")
 
 
 SCHEMA = pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("dataset", pa.string()),

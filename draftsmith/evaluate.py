@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from draftsmith.client import ChatClient, RetryPolicy
 from draftsmith.datasets import Prompt
+from draftsmith.target import Target
 
 SPEC_PREFIX = "vllm:spec_decode_"
 log = logging.getLogger(__name__)
@@ -152,18 +153,18 @@ def root_of(base_url: str) -> str:
     return base_url.removesuffix("/v1")
 
 
-def server_spec(engine: str, model: str, server_cfg: dict, drafter: str | None, cfg: dict):
+def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | None, cfg: dict):
     """The baseline (``drafter`` None) or EAGLE-3 server for one engine."""
     from draftsmith.server import spec_from_config
 
     if drafter is None:
-        return spec_from_config(model, server_cfg, engine=engine)
+        return spec_from_config(target, server_cfg, engine=engine)
     k = cfg["num_speculative_tokens"]
     if engine == "vllm":
-        return spec_from_config(model, server_cfg, speculative_config={"method": "eagle3", "model": drafter,
+        return spec_from_config(target, server_cfg, speculative_config={"method": "eagle3", "model": drafter,
                                                                        "num_speculative_tokens": k})
     # SGLang reads the SGLang export, drafting a chain of k tokens (top-k 1).
-    return spec_from_config(model, server_cfg, engine="sglang", extra_args=[
+    return spec_from_config(target, server_cfg, engine="sglang", extra_args=[
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{drafter}/sglang",
         "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", str(k + 1)])

@@ -1,7 +1,7 @@
 """Export a trained drafter for the engines that serve it, and check it there before calling it done.
 
 - **vLLM**: speculators' own format (``config.json`` with ``speculators_config``, weights with
-  ``d2t``/``t2d``), with the verifier referenced by a relative path so the folder moves.
+  ``d2t``/``t2d``), the verifier named by its hub id (or a relative path) so the folder moves.
 - **SGLang**: the layout SGLang's ``LlamaForCausalLMEagle3`` loads (and SpecForge writes): a
   ``LlamaConfig`` with ``draft_vocab_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``,
   the decoder layer named ``midlayer.*``, ``d2t``/``t2d`` alongside. SGLang's layer is the

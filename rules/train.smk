@@ -94,5 +94,6 @@ rule export:
         runtime=60,
     params:
         export=RESULT["export"],
+        base_model=config["target"]["base_model"],
     script:
         "../scripts/export.py"

@@ -15,7 +15,8 @@ log = logging.getLogger("draftsmith.evaluate")
 def main() -> None:
     cfg, server_cfg = sm.params.evaluation, sm.config["server"]
     concurrency = sm.config["evaluation"]["concurrency"]
-    model = target_of(sm).model
+    tgt = target_of(sm)
+    model = tgt.model
     sets = {name: load_configured(entry, base_dir(sm)).prompts for name, entry in cfg["prompt_sets"].items()}
     drafters = {"finetuned": str(Path(sm.input.drafter).parent)}
     if sm.input.pretrained:
@@ -24,7 +25,7 @@ def main() -> None:
     runs = ev.runs_from_baseline(baseline, sm.input.baseline, sets, cfg["temperatures"], cfg["max_tokens"])
     seeded = compute.has_accelerator()
     for label, drafter in drafters.items():
-        spec = ev.server_spec(cfg["engine"], model, server_cfg, drafter, cfg)
+        spec = ev.server_spec(cfg["engine"], tgt, server_cfg, drafter, cfg)
         with managed_server(spec, Path(sm.log.main).with_name(f"{label}.server.log")) as server:
             for (name, t), res in runs.items():
                 res["drafters"][label] = ev.measure(server.base_url, model, sets[name],

@@ -11,10 +11,11 @@ from draftsmith.server import managed_server
 def main() -> None:
     cfg, server_cfg = sm.params.evaluation, sm.config["server"]
     concurrency = sm.config["evaluation"]["concurrency"]
-    model = target_of(sm).model
+    tgt = target_of(sm)
+    model = tgt.model
     sets = {name: load_configured(entry, base_dir(sm)).prompts for name, entry in cfg["prompt_sets"].items()}
     seeded = compute.has_accelerator()
-    spec = ev.server_spec(cfg["engine"], model, server_cfg, None, cfg)
+    spec = ev.server_spec(cfg["engine"], tgt, server_cfg, None, cfg)
     with managed_server(spec, Path(sm.log.server)) as server:
         runs = ev.baseline_runs(server.base_url, model, sets, cfg["temperatures"], cfg["max_tokens"], seeded,
                                 concurrency)

@@ -5,8 +5,9 @@ from pathlib import Path
 
 from draftsmith import evaluate as ev
 from draftsmith import export as ex
+from draftsmith import target
 from draftsmith.atomic import write_json, write_text
-from draftsmith.runner import run, target_of
+from draftsmith.runner import base_dir, run, target_of
 from draftsmith.server import managed_server, spec_from_config
 
 log = logging.getLogger("draftsmith.export")
@@ -18,9 +19,11 @@ class GateFailed(ValueError):
 
 def main() -> None:
     summary = json.loads(Path(sm.input.summary).read_text())
-    checkpoint, model = Path(summary["checkpoint"]), target_of(sm).model
+    checkpoint, tgt = Path(summary["checkpoint"]), target_of(sm)
+    model = tgt.model
     drafter = Path(sm.output.weights).parent
-    ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config), verifier_ref=model)
+    ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
+                   verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
     sglang = sm.params.export["sglang"]
     why_not = ex.sglang_refusal(json.loads((checkpoint / "config.json").read_text()))
     if sglang is True or (sglang == "auto" and not why_not):
@@ -34,7 +37,7 @@ def main() -> None:
     expected = chosen.get("full_acc_0_epoch")
     spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
-    with managed_server(spec_from_config(model, sm.config["server"], speculative_config=spec),
+    with managed_server(spec_from_config(tgt, sm.config["server"], speculative_config=spec),
                         Path(sm.log.server)) as server:
         root = ev.root_of(server.base_url)
         before = ev.scrape_spec_counters(root)

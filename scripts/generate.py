@@ -1,13 +1,16 @@
 import asyncio
 import logging
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
+from draftsmith.chat import TokenizeSettings, early_check
 from draftsmith.client import HealthPolicy
 from draftsmith.datasets import read_prompts
 from draftsmith.generate import GenerationSettings, Outputs, generate, has_work, make_client, settings_key
 from draftsmith.runner import run, target_of
 from draftsmith.server import generation_spec, managed_server
+from draftsmith.target import load_tokenizer
 
 log = logging.getLogger("draftsmith.generate")
 
@@ -27,18 +30,20 @@ def main() -> None:
     limits = {"max_samples": entry["max_samples"], "token_budget": entry["token_budget"]}
     if not has_work(prompts, journal, **limits):
         log.info("%s: everything is already journaled or the budget is reached; no server needed", name)
-        asyncio.run(_generate(prompts, None, settings, outputs, limits, name, None))
+        asyncio.run(_generate(prompts, None, settings, outputs, limits, name, None, None))
         return
     target = target_of(sm)
+    early = partial(early_check, load_tokenizer(target), settings=TokenizeSettings.from_config(sm.config["tokenize"]),
+                    template_kwargs=params.chat_template_kwargs, where=name)
     served = target.model if managed else (gen["served_model"] or target.model)
-    context = managed_server(generation_spec(target.model, sm.config["server"], gen), Path(sm.log.server)) \
+    context = managed_server(generation_spec(target, sm.config["server"], gen), Path(sm.log.server)) \
         if managed else nullcontext(None)
     with context as server:
         health = HealthPolicy(outage_grace_s=gen["outage_grace_s"])
         client = make_client(server.base_url if server else external_urls(gen), served, settings, gen["api_key_env"],
                              gen["headers"], health=health, max_retry_after_s=gen["max_retry_after_s"])
         stats = asyncio.run(_generate(prompts, client, settings, outputs, limits, name,
-                                      server.exit_message if server else None))
+                                      server.exit_message if server else None, early))
     log.info("%s: %s", name, stats)
 
 
@@ -54,9 +59,10 @@ def external_urls(gen: dict) -> list[str]:
     return urls
 
 
-async def _generate(prompts, client, settings, outputs, limits, name, server_exit):
+async def _generate(prompts, client, settings, outputs, limits, name, server_exit, early):
     try:
-        return await generate(prompts, client, settings, outputs, dataset=name, server_exit=server_exit, **limits)
+        return await generate(prompts, client, settings, outputs, dataset=name, server_exit=server_exit,
+                              early_check=early, **limits)
     finally:
         if client is not None:
             await client.aclose()

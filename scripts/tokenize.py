@@ -4,11 +4,12 @@ from pathlib import Path
 from draftsmith.atomic import write_json
 from draftsmith.chat import TokenizeSettings, tokenize_file
 from draftsmith.runner import run, target_of
+from draftsmith.target import load_tokenizer
 
 
 def main() -> None:
     settings = TokenizeSettings.from_config(sm.config["tokenize"])
-    stats = tokenize_file(Path(sm.input.responses), target_of(sm).model, Path(sm.output.table),
+    stats = tokenize_file(Path(sm.input.responses), load_tokenizer(target_of(sm)), Path(sm.output.table),
                           Path(sm.output.rejects), sm.wildcards.generated, settings, sm.params.chat_template_kwargs)
     write_json(sm.output.stats, stats)
     logging.getLogger("draftsmith.tokenize").info("%s", stats)

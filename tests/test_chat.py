@@ -1,15 +1,19 @@
 import asyncio
 import copy
+import functools
 import json
 
+import pyarrow.parquet as pq
 import pytest
 
 from draftsmith.chat import (
+    Checks,
     Renderer,
     RoundTripError,
     TemplateError,
     TokenizeSettings,
     build_rows,
+    check_turns,
     choose_layout,
     prepare_messages,
     tokenize_file,
@@ -79,15 +83,17 @@ def test_templates_that_strip_earlier_reasoning_get_one_row_per_turn(qwen3_token
 
 
 def generate_with(sim_settings, tmp_path, items, **gen):
+    check = gen.pop("early_check", None)
     settings = GenerationSettings(max_tokens=gen.pop("max_tokens", 256), concurrency=4, request_timeout_s=30,
-                                  return_token_ids=True, **gen)
+                                  return_token_ids=gen.pop("return_token_ids", True), **gen)
     out = Outputs(tmp_path / "r.jsonl", tmp_path / "s.json", tmp_path / "e.jsonl", tmp_path / "j.jsonl")
     with ReasoningSim(sim_settings) as sim:
         client = make_client(sim.base_url, "sim", settings, None, None)
 
         async def main():
             try:
-                await generate(items, client, settings, out, max_samples=None, token_budget=None, dataset="d")
+                await generate(items, client, settings, out, max_samples=None, token_budget=None, dataset="d",
+                               early_check=check)
             finally:
                 await client.aclose()
 
@@ -106,8 +112,10 @@ PROMPTS = [Prompt(f"p{i}", [f"Question {i}?", f"Follow-up {i}?"]) for i in range
 
 
 def tokenize(responses, qwen3_dir, tmp_path, **kw):
-    return tokenize_file(responses, str(qwen3_dir), tmp_path / "t.parquet", tmp_path / "rej.jsonl", "d",
-                         TokenizeSettings(**kw))
+    from transformers import AutoTokenizer
+
+    return tokenize_file(responses, AutoTokenizer.from_pretrained(qwen3_dir), tmp_path / "t.parquet",
+                         tmp_path / "rej.jsonl", "d", TokenizeSettings(**kw))
 
 
 def test_round_trip_against_what_the_server_counted_and_produced(qwen3_tokenizer, qwen3_dir, tmp_path):
@@ -129,14 +137,59 @@ def test_a_server_that_renders_prompts_differently_fails_tokenization(qwen3_toke
     assert not (tmp_path / "t.parquet").exists()
 
 
-def test_answers_that_do_not_re_tokenize_to_the_models_tokens_are_counted(qwen3_tokenizer, qwen3_dir, tmp_path):
-    sim = SimSettings(tokenizer=qwen3_tokenizer, think_format="compact", reasoning_log_mean=3.0,
+@pytest.mark.parametrize("think_format", ["compact", "missing"])
+def test_answers_the_template_would_render_otherwise_train_on_the_models_own_tokens(
+        think_format, qwen3_tokenizer, qwen3_dir, tmp_path):
+    """compact: think tags without the template's newlines; missing: a random-weight Qwen3 answers
+    without think tags, the parser files it all as reasoning and the template re-adds them. Both
+    failed the answer round trip for every turn when the answer's text was re-rendered."""
+    sim = SimSettings(tokenizer=qwen3_tokenizer, think_format=think_format, reasoning_log_mean=3.0,
                       content_log_mean=3.0)
     responses = generate_with(sim, tmp_path, PROMPTS)
-    with pytest.raises(RoundTripError, match="answer round trip"):
+    stats = tokenize(responses, qwen3_dir, tmp_path)
+    trip = stats["round_trip"]
+    assert trip["answer_mismatched"] == 0 and trip["answer_own_tokens"] == 24 and stats["rows"] == 24, trip
+    records = {json.loads(line)["id"]: json.loads(line) for line in responses.read_text().splitlines()}
+    for row in pq.read_table(tmp_path / "t.parquet").to_pylist():
+        record_id, turn = row["id"].split("#turn")
+        produced = records[record_id]["turns"][int(turn)]["token_ids"]
+        assert [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m] == produced
+
+
+def test_a_server_whose_tokenizer_is_not_the_targets_fails_the_answer_round_trip(qwen3_tokenizer, qwen3_dir,
+                                                                                tmp_path):
+    responses = generate_with(SimSettings(tokenizer=qwen3_tokenizer, reasoning_log_mean=3.0, content_log_mean=3.0),
+                              tmp_path, PROMPTS)
+    records = [json.loads(line) for line in responses.read_text().splitlines()]
+    for record in records:  # the same text in another vocabulary: ids shifted by one
+        for turn in record["turns"]:
+            turn["token_ids"] = [t + 1 for t in turn["token_ids"]]
+    responses.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(RoundTripError, match=r"24 of 24 turns fail the answer round trip.*tokenizer is not the target"):
         tokenize(responses, qwen3_dir, tmp_path)
-    stats = tokenize(responses, qwen3_dir, tmp_path, max_answer_mismatch_fraction=1.0)
-    assert stats["round_trip"]["answer_mismatched"] == 24
+
+
+def test_a_text_only_server_gets_the_answers_rendered_by_the_template(qwen3_tokenizer, qwen3_dir, tmp_path):
+    responses = generate_with(SimSettings(tokenizer=qwen3_tokenizer, reasoning_log_mean=3.0, content_log_mean=3.0),
+                              tmp_path, PROMPTS[:4], return_token_ids=False)
+    stats = tokenize(responses, qwen3_dir, tmp_path)
+    assert stats["rows"] == 8 and stats["round_trip"]["answer_own_tokens"] == 0
+    assert stats["round_trip"]["prompt_checked"] == 8 and stats["round_trip"]["prompt_mismatched"] == 0
+
+
+def test_an_answer_cut_inside_a_character_trains_on_the_bytes_the_model_produced(tokenizer):
+    renderer = Renderer(tokenizer)
+    ids = renderer.ids("Caf\u00e9 \U0001f600")
+    cut = ids[:-1]  # the emoji's last byte-token is missing: what a cut by max_tokens leaves
+    assert "\ufffd" in tokenizer.decode(cut)
+    messages = [{"role": "user", "content": "Where?"},
+                {"role": "assistant", "content": tokenizer.decode(cut).replace("\ufffd", "")}]  # vLLM holds it back
+    turns = [{"finish_reason": "length", "token_ids": cut, "completion_tokens": len(cut)}]
+    (row,) = build_rows(renderer, messages, turns, "per_turn")
+    assert [t for t, m in zip(row.input_ids, row.loss_mask, strict=True) if m] == cut
+    checks = Checks()
+    check_turns(renderer, messages, turns, [row], checks, "r")
+    assert checks.answer_checked == 1 and checks.answer_mismatched == 0, checks.examples
 
 
 def test_cut_reasoning_round_trips_too(qwen3_tokenizer, qwen3_dir, tmp_path):
@@ -146,3 +199,19 @@ def test_cut_reasoning_round_trips_too(qwen3_tokenizer, qwen3_dir, tmp_path):
     assert all(r["finish_reasons"] == ["length"] and r["messages"][-1]["content"] == "" for r in records)
     stats = tokenize(responses, qwen3_dir, tmp_path)
     assert stats["rows"] == 4 and stats["round_trip"]["answer_mismatched"] == 0, stats["round_trip"]
+
+
+def test_a_mismatch_stops_generation_after_its_first_answers_not_its_budget(qwen3_tokenizer, tmp_path):
+    from draftsmith.chat import early_check
+    from draftsmith.generate import EARLY_CHECK_ANSWERS, GenerationFailed
+
+    sim = SimSettings(tokenizer=qwen3_tokenizer, template_mismatch=True, reasoning_log_mean=2.0, content_log_mean=2.0)
+    prompts = [Prompt(f"p{i}", [f"Question {i}?"]) for i in range(400)]
+    check = functools.partial(early_check, qwen3_tokenizer, settings=TokenizeSettings(), template_kwargs=None,
+                              where="d")
+    with pytest.raises(GenerationFailed, match=r"the first 32 answers: 32 of 32 turns fail the prompt round trip.*"
+                                               r"target.chat_template_kwargs"):
+        generate_with(sim, tmp_path, prompts, early_check=check)
+    journaled = len((tmp_path / "j.jsonl").read_text().splitlines())
+    assert EARLY_CHECK_ANSWERS <= journaled < EARLY_CHECK_ANSWERS + 8  # kept for a rerun; 4 were in flight
+    assert not (tmp_path / "r.jsonl").exists()

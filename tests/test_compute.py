@@ -7,6 +7,7 @@ import pytest
 
 from draftsmith import compute
 from draftsmith.server import ServerSpec, spec_from_config
+from draftsmith.target import Target
 
 SERVER = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "extra_args": [], "env": {},
           "startup_timeout_s": 60, "dtype": "auto"}
@@ -31,8 +32,8 @@ def test_auto_follows_the_machine_and_a_set_dtype_wins(monkeypatch, native, expe
 
 def test_servers_get_the_chosen_dtype_unless_the_user_passed_one(monkeypatch):
     monkeypatch.setattr(compute, "bf16_native", lambda: (False, "test"))
-    cmd = spec_from_config("m", SERVER).command(1)
+    cmd = spec_from_config(Target("m", "m", "hub"), SERVER).command(1)
     assert cmd[cmd.index("--dtype") + 1] == "float32"
-    cmd = spec_from_config("m", {**SERVER, "extra_args": ["--dtype", "half"]}).command(1)
+    cmd = spec_from_config(Target("m", "m", "hub"), {**SERVER, "extra_args": ["--dtype", "half"]}).command(1)
     assert cmd.count("--dtype") == 1 and cmd[cmd.index("--dtype") + 1] == "half"
     assert "--dtype" not in ServerSpec(model="m").command(1)

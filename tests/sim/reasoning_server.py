@@ -13,7 +13,9 @@ What it does, per ``/v1/chat/completions`` request:
 - fails on request: ``die_after`` (stops listening and drops connections after N requests),
   ``retry_after`` (a 429 with that Retry-After value on the first attempt of each conversation
   turn), ``template_mismatch`` (renders prompts with an extra system message), ``think_format:
-  compact`` (the model's tokens lack the newlines the template writes).
+  compact`` (the model's tokens lack the newlines the template writes), ``think_format: missing``
+  (a random-weight Qwen3: no think tags at all, so the reasoning parser files the whole answer as
+  reasoning and the content is empty).
 
 Run in a thread (``with ReasoningSim(...) as sim: sim.base_url``) or as a process
 (``python -m tests.sim.reasoning_server --port 0 --print-port``) for benchmarks.
@@ -185,6 +187,9 @@ class ReasoningSim:
 
     def _tokenized(self, reasoning, content, max_tokens):
         tok = self.settings.tokenizer
+        if self.settings.think_format == "missing" and reasoning is not None:
+            ids = tok(f"{reasoning} {content}<|im_end|>", add_special_tokens=False)["input_ids"][:max_tokens]
+            return ids, tok.decode(ids, skip_special_tokens=True), "", "length" if len(ids) == max_tokens else "stop"
         compact = self.settings.think_format == "compact"
         head = ("<think>" if compact else "<think>\n") if reasoning is not None else ""
         mid = ("</think>" if compact else "\n</think>\n\n") if reasoning is not None else ""
