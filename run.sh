@@ -5,10 +5,11 @@
 #   ./run.sh results/drafter/final.safetensors --configfile my.yaml
 #   ./run.sh redo hidden_states DATASET   # redo one dataset's hidden states (or: redo answers DATASET)
 #   ./run.sh status               # how far a run is (answers, hidden states, training, running jobs)
+#   ./run.sh config --configfile my.yaml   # the effective config, each value's origin in a comment
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
-if [[ ${1:-} == redo || ${1:-} == status ]]; then
+if [[ ${1:-} == redo || ${1:-} == status || ${1:-} == config ]]; then
   command=$1
   shift
   exec .venv/bin/python -m "draftsmith.$command" "$@"

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith.config import load_layers  # noqa: E402
+from draftsmith.config import config_files, load_layers  # noqa: E402
 from draftsmith.datasets import load_prompts  # noqa: E402
 from draftsmith.generate import GenerationSettings, Outputs, generate, make_client  # noqa: E402
 from draftsmith.model_prep import prepare_gguf  # noqa: E402
@@ -76,7 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     model = Path(args.model)
     if not model.exists():
-        prepare_gguf(resolve(load_layers(REPO / "config" / "config.yaml", [], {})["target"]).gguf_file(), model)
+        prepare_gguf(resolve(load_layers(config_files(REPO, []), {})["target"]).gguf_file(), model)
     prompts = [p for p in load_prompts(Path(args.prompts), max_samples=args.num_prompts).prompts if len(p.turns) == 1]
     args.num_prompts = len(prompts)
     with tempfile.TemporaryDirectory() as tmp:

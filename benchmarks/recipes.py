@@ -51,10 +51,13 @@ SHARED = ("results/models", "results/checks", "results/prompts", "results/respon
           "results/merged", "results/hidden_states", "results/vocab", "results/evaluation/baseline.json")
 
 
+EMBEDDED = REPO / "config" / "config.yaml"  # the recipe configs change the CPU demo: laid over it
+
+
 def snakemake_command(work: Path, configs: list[Path], *targets: str) -> list[str]:
     # targets before --configfile, which takes every argument after it
     return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--cores",
-            str(os.cpu_count()), *targets, "--configfile", *map(str, configs)]
+            str(os.cpu_count()), *targets, "--configfile", str(EMBEDDED), *map(str, configs)]
 
 
 def snakemake(work: Path, configs: list[Path], *targets: str, dry_run: bool = False) -> str:
@@ -92,7 +95,7 @@ def prepare_shared(workdir: Path, config: Path) -> Path:
 def datasets_of(config: Path) -> list[str]:
     from draftsmith.config import from_snakemake_args
 
-    return sorted(from_snakemake_args(["--configfile", str(config)], REPO)["datasets"])
+    return sorted(from_snakemake_args(["--configfile", str(EMBEDDED), str(config)], REPO)["datasets"])
 
 
 def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: dict, seed: int) -> Path:

@@ -1,15 +1,21 @@
 """The workflow configuration: layered loading, validation against ``schema.yaml`` with defaults,
 and the split between what a setting computes and how a job runs.
 
-Layers: the embedded default (``config/config.yaml``), then each ``--configfile`` in order, then
-``--config key=value`` overrides. A user's ``datasets`` and ``evaluation.prompt_sets`` *replace*
-the ones below them (a user who brings one dataset gets one dataset); every other section merges
-key by key, so a user file states only what it changes.
+Layers: the schema's defaults, then each ``--configfile`` in order, then ``--config key=value``
+overrides. The embedded default (``config/config.yaml``: the CPU demo) is one such file, used
+when the user names none; a user's file never sits on it. A later file's ``datasets`` and
+``evaluation.prompt_sets`` *replace* the ones below them (a file that brings one dataset gets one
+dataset); every other section merges key by key. Settings only a CPU needs (eager mode, the CPU
+KV cache) are in no file: :mod:`draftsmith.server` adds them on a machine without an accelerator.
+
+``python -m draftsmith.config [--configfile F ...] [--config K=V ...]`` (``./run.sh config``)
+prints the effective config as YAML with each value's origin in a comment.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -19,18 +25,46 @@ import yaml
 
 SCHEMA = yaml.safe_load(files("draftsmith").joinpath("schema.yaml").read_text())
 REPLACED = (("datasets",), ("evaluation", "prompt_sets"))
+EMBEDDED = Path("config") / "config.yaml"  # in the workflow folder
+DEFAULT_ORIGIN = "default"
 
 
 class ConfigError(ValueError):
     pass
 
 
-def load_layers(default: Path, user_files: list[Path], overrides: dict[str, Any]) -> dict[str, Any]:
+def config_files(workflow_dir: Path, user_files: list[Path]) -> list[Path]:
+    """The files laid over the schema's defaults: the user's, or the embedded default when none."""
+    return [Path(p) for p in user_files] or [Path(workflow_dir) / EMBEDDED]
+
+
+def load_layers(config_files: list[Path], overrides: dict[str, Any]) -> dict[str, Any]:
     """The merged, unvalidated config (see the module docstring for the rules)."""
-    config = _read(default)
-    for path in user_files:
+    config: dict[str, Any] = {}
+    for path in config_files:
         config = merge(config, _read(path))
     return merge(config, _typed(overrides))
+
+
+def origins(config_files: list[Path], overrides: dict[str, Any]) -> dict[tuple[str, ...], str]:
+    """Which layer set each value: the last file (or ``--config``) that wrote it; a replaced
+    section forgets what the layers below wrote in it. Values no layer wrote are defaults."""
+    found: dict[tuple[str, ...], str] = {}
+    layers = [(_read(p), str(p)) for p in config_files] + [(_typed(overrides), "--config")]
+    for data, origin in layers:
+        _mark(data, (), origin, found)
+    return found
+
+
+def _mark(data: Any, where: tuple[str, ...], origin: str, found: dict) -> None:
+    if where in REPLACED:
+        for key in [k for k in found if k[: len(where)] == where]:
+            del found[key]
+    if isinstance(data, dict) and data:
+        for key, value in data.items():
+            _mark(value, (*where, key), origin, found)
+    else:
+        found[where] = origin
 
 
 def _typed(value: Any) -> Any:
@@ -160,9 +194,13 @@ def _message(error: jsonschema.ValidationError) -> str:
 
 
 def from_snakemake_args(args: list[str], workflow_dir: Path) -> dict[str, Any]:
-    """The validated config a ``snakemake`` command line would use: the embedded default, then its
-    ``--configfile`` layers and ``--config`` entries (for commands that run beside Snakemake: redo,
-    status), so they see the datasets the workflow will."""
+    """The validated config a ``snakemake`` command line would use (for commands that run beside
+    Snakemake: redo, status, config), so they see the datasets the workflow will."""
+    return validate_config(load_layers(*snakemake_layers(args, workflow_dir)))
+
+
+def snakemake_layers(args: list[str], workflow_dir: Path) -> tuple[list[Path], dict[str, Any]]:
+    """The config files and ``--config`` overrides of a ``snakemake`` command line."""
     files, entries, i = [], [], 0
     while i < len(args):
         if args[i].startswith(("--configfile=", "--configfiles=")):
@@ -183,5 +221,42 @@ def from_snakemake_args(args: list[str], workflow_dir: Path) -> dict[str, Any]:
             overrides = parse_config(entries)
         except ValueError as err:
             raise ConfigError(f"--config: {err}") from None
-    return validate_config(load_layers(workflow_dir / "config" / "config.yaml", files, overrides))
+    return config_files(workflow_dir, files), overrides
+
+
+def annotated_yaml(config: dict[str, Any], found: dict[tuple[str, ...], str], where: tuple[str, ...] = (),
+                   indent: int = 0) -> list[str]:
+    """``config`` as YAML lines, each value followed by its origin."""
+    lines = []
+    for key, value in config.items():
+        path, pad = (*where, key), "  " * indent
+        if isinstance(value, dict) and value:
+            lines.append(f"{pad}{_inline(key)}:")
+            lines += annotated_yaml(value, found, path, indent + 1)
+        else:
+            lines.append(f"{pad}{_inline(key)}: {_inline(value)}  # {found.get(path, DEFAULT_ORIGIN)}")
+    return lines
+
+
+def _inline(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, allow_unicode=True).strip()
+    return text.removesuffix("...").strip()
+
+
+def main(argv: list[str], workflow_dir: Path) -> int:
+    """Print the effective config, each value's origin in a comment; a bad config says why."""
+    try:
+        files, overrides = snakemake_layers(argv, workflow_dir)
+        config = validate_config(load_layers(files, overrides))
+    except ConfigError as err:
+        print(f"draftsmith: {err}", file=sys.stderr)
+        return 1
+    print(f"# draftsmith: the effective config (layers: default, {', '.join(map(str, files))}"
+          f"{', --config' if overrides else ''})")
+    print("\n".join(annotated_yaml(config, origins(files, overrides))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], Path(__file__).resolve().parents[1]))
 

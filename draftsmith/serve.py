@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from draftsmith.atomic import write_text
-from draftsmith.config import load_layers, validate_config
+from draftsmith.config import config_files, load_layers, validate_config
 from draftsmith.server import generation_spec, managed_server
 from draftsmith.target import resolve
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = validate_config(load_layers(REPO / "config" / "config.yaml", args.configfile, {}))
+    config = validate_config(load_layers(config_files(REPO, args.configfile), {}))
     target = resolve(config["target"], REPO)
     spec = generation_spec(target, config["server"], config["generation_server"])
     spec.host = "0.0.0.0"  # reachable from the other nodes

@@ -39,11 +39,16 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-# vLLM-CPU keeps one of the cores it sees for its scheduler process and runs the model on the
-# rest: on a 2-core job, half the compute (74-79 -> 106 output tok/s at 16 requests, 98-102 -> 175
-# at 32, embedded target). Every core computes unless the environment or server.env says
-# otherwise; GPU engines ignore the variable. Operational, so it stays out of the config.
-CPU_SERVER_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+# Settings only vLLM-CPU needs, so they come from the machine and stay out of every config (GPU
+# engines ignore the variables; the environment and server.env override them):
+# - vLLM-CPU keeps one of the cores it sees for its scheduler process and runs the model on the
+#   rest: on a 2-core job, half the compute (74-79 -> 106 output tok/s at 16 requests, 98-102 ->
+#   175 at 32, embedded target). Every core computes.
+# - vLLM-CPU refuses to start without a KV cache size (GiB).
+CPU_SERVER_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+# On a machine without an accelerator vLLM runs eager: it starts in ~30 s instead of ~110 s
+# compiled. On GPUs compilation and CUDA graphs stay on.
+CPU_ONLY_ARGS = ("--enforce-eager",)
 
 
 def server_env(overrides: dict[str, str]) -> dict[str, str]:
@@ -67,12 +72,15 @@ class ServerSpec:
     kv_transfer_config: dict | None = None
     dtype: str | None = None  # the engine's --dtype; None leaves the engine's default
     trust_remote_code: bool = False  # the target's own modeling code (target.trust_remote_code)
+    cpu_only: bool = False  # no accelerator on this machine: vLLM-CPU's own flags are added
 
     def _target_args(self) -> list[str]:
         """Flags that follow from the target and the machine, unless the user's engine flags say them."""
         args = [] if self.dtype is None or "--dtype" in self.extra_args else ["--dtype", self.dtype]
         if self.trust_remote_code and "--trust-remote-code" not in self.extra_args:
             args.append("--trust-remote-code")
+        if self.cpu_only and self.engine == "vllm":
+            args += [flag for flag in CPU_ONLY_ARGS if flag not in self.extra_args]
         return args
 
     def command(self, port: int) -> list[str]:
@@ -207,7 +215,8 @@ def spec_from_config(target: Target, server_cfg: dict, **overrides) -> ServerSpe
               "extra_args": list(server_cfg.get("extra_args", [])),
               "env": {k: str(v) for k, v in server_cfg.get("env", {}).items()},
               "startup_timeout_s": server_cfg["startup_timeout_s"], "dtype": dtype.dtype}
-    return ServerSpec(model=target.model, trust_remote_code=target.trust_remote_code, **{**fields, **overrides})
+    return ServerSpec(model=target.model, trust_remote_code=target.trust_remote_code,
+                      cpu_only=not compute.has_accelerator(), **{**fields, **overrides})
 
 
 def generation_spec(target: Target, server_cfg: dict, generation_cfg: dict) -> ServerSpec:

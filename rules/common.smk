@@ -6,27 +6,30 @@ sys.path.insert(0, workflow.basedir)  # the draftsmith package, when not pip-ins
 
 from draftsmith import preflight, target as targets
 from draftsmith.digest import json_digest
-from draftsmith.config import ConfigError, load_layers, result_view, validate_config
+from draftsmith.config import (
+    ConfigError,
+    config_files,
+    load_layers,
+    result_view,
+    validate_config,
+)
 from draftsmith.stop import forward_stops_to_jobs
 
-# The config is layered here rather than with `configfile:`: a user's datasets and evaluation
-# prompt sets replace the embedded ones instead of being added to them (see draftsmith/config.py).
-CONFIG_FILES = [
-    Path(workflow.basedir) / "config" / "config.yaml",
-    *map(Path, workflow.overwrite_configfiles),
-]
+# The config is layered here rather than with `configfile:`: the schema's defaults, then the
+# user's files (or the embedded default when there are none), then --config (draftsmith/config.py).
+CONFIG_FILES = config_files(workflow.basedir, workflow.overwrite_configfiles)
 try:
     _validated = validate_config(
-        load_layers(
-            CONFIG_FILES[0], CONFIG_FILES[1:], dict(workflow.config_settings.config)
-        )
+        load_layers(CONFIG_FILES, dict(workflow.config_settings.config))
     )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 config.clear()
 config.update(_validated)
 print(
-    "draftsmith: config read from " + ", ".join(map(str, CONFIG_FILES)), file=sys.stderr
+    "draftsmith: config read from the schema's defaults, then "
+    + ", ".join(map(str, CONFIG_FILES)),
+    file=sys.stderr,
 )
 
 BASE_DIR = Path(workflow.basedir)

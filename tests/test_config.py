@@ -6,7 +6,15 @@ import pytest
 import yaml
 
 from draftsmith import preflight
-from draftsmith.config import ConfigError, load_layers, result_view, validate_config
+from draftsmith.config import (
+    ConfigError,
+    annotated_yaml,
+    config_files,
+    load_layers,
+    origins,
+    result_view,
+    validate_config,
+)
 from draftsmith.target import Facts, resolve
 from tests.conftest import REPO
 
@@ -42,9 +50,64 @@ def test_bad_config_names_the_key(path, value, expected):
     assert expected in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["config/config.yaml", "tests/e2e/config.yaml", "config/examples/finetune.yaml"])
-def test_shipped_configs_validate(name):
-    validate_config(load_layers(DEFAULT, [REPO / name], {}))
+EXAMPLES = sorted((REPO / "config" / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", [DEFAULT, REPO / "tests" / "e2e" / "config.yaml", *EXAMPLES], ids=lambda p: p.name)
+def test_shipped_configs_validate_on_their_own(path):
+    validate_config(load_layers([path], {}))
+
+
+def test_the_embedded_default_is_used_only_when_the_user_names_no_file(tmp_path):
+    assert config_files(REPO, []) == [DEFAULT]
+    assert config_files(REPO, [tmp_path / "mine.yaml"]) == [tmp_path / "mine.yaml"]
+
+
+def leaves(value, where=()):
+    if isinstance(value, dict) and value:
+        for key, item in value.items():
+            yield from leaves(item, (*where, key))
+    else:
+        yield where, value
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_a_worked_example_holds_no_value_of_the_cpu_demo(path):
+    """A user's file was laid key by key over the CPU demo: the Kimi-K2.5 example inherited the
+    transformers backend (a 1T model loaded by transformers), the CPU KV cache, an 8K draft
+    vocabulary and the demo's lengths."""
+    example = validate_config(load_layers([path], {}))
+    demo = validate_config(load_layers([DEFAULT], {}))
+    defaults = validate_config(load_layers([], {"target": {"name": "t", "source": "x"},
+                                                "datasets": {"d": {"source": "x"}},
+                                                "evaluation": {"prompt_sets": {"e": {"source": "x"}}}}))
+    written = dict(leaves(load_layers([path], {})))
+    inherited = []
+    for where, value in leaves(demo):
+        if where[0] in ("datasets", "evaluation") or where in written:
+            continue
+        mine, default = dict(leaves(example)).get(where), dict(leaves(defaults)).get(where)
+        if value != default and mine == value:
+            inherited.append(where)
+    assert inherited == [], inherited
+    text = path.read_text()
+    assert "enforce-eager" not in text and "VLLM_CPU" not in text and example["hidden_states"]["backend"] == "vllm"
+
+
+def test_the_effective_config_names_each_values_origin(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"target": {"name": "q", "source": "Qwen/Qwen3-8B"},
+                                    "datasets": {"d": {"source": "d.jsonl", "generation": {"max_tokens": 4096}}},
+                                    "evaluation": {"prompt_sets": {"e": {"source": "e.jsonl"}}}}))
+    files, overrides = [DEFAULT, mine], {"train": {"epochs": 2}}
+    config = validate_config(load_layers(files, overrides))
+    lines = annotated_yaml(config, origins(files, overrides))
+    text = "\n".join(lines)
+    assert yaml.safe_load(text) == config  # the printout is the config
+    assert f"      max_tokens: 4096  # {mine}" in lines
+    assert "      concurrency: 200  # default" in lines  # the demo's 32 was replaced with its dataset
+    assert "  epochs: 2  # --config" in lines and f"  total_seq_len: 1024  # {DEFAULT}" in lines
+    assert "everyday" not in text.split("evaluation:")[0]  # the demo's datasets are gone, not merged
 
 
 def test_external_generation_needs_an_endpoint():
@@ -69,23 +132,23 @@ def test_a_user_config_replaces_datasets_and_prompt_sets_and_merges_the_rest(tmp
     mine.write_text(yaml.safe_dump({"datasets": {"mine": {"source": "mine.jsonl"}},
                                     "evaluation": {"prompt_sets": {"held": {"source": "held.jsonl"}}},
                                     "train": {"epochs": 5}}))
-    cfg = validate_config(load_layers(DEFAULT, [mine], {"merge": {"seed": 3}}))
+    cfg = validate_config(load_layers([DEFAULT, mine], {"merge": {"seed": 3}}))
     assert list(cfg["datasets"]) == ["mine"] and list(cfg["evaluation"]["prompt_sets"]) == ["held"]
-    assert cfg["train"]["epochs"] == 5 and cfg["train"]["total_seq_len"] == 1024  # the rest: from the default
+    assert cfg["train"]["epochs"] == 5 and cfg["train"]["total_seq_len"] == 1024  # the rest: from the file below
     assert cfg["evaluation"]["num_speculative_tokens"] == 3 and cfg["merge"]["seed"] == 3
 
 
 def test_a_config_file_with_a_byte_order_mark_or_no_mapping(tmp_path):
     bom = tmp_path / "bom.yaml"
     bom.write_bytes("\ufefftrain: {epochs: 2}\n".encode())
-    assert load_layers(DEFAULT, [bom], {})["train"]["epochs"] == 2
+    assert load_layers([bom], {})["train"]["epochs"] == 2
     (tmp_path / "list.yaml").write_text("- a\n")
     with pytest.raises(ConfigError, match=r"list.yaml: a config file must hold a mapping"):
-        load_layers(DEFAULT, [tmp_path / "list.yaml"], {})
+        load_layers([tmp_path / "list.yaml"], {})
 
 
 def test_operational_settings_are_not_part_of_the_result_view():
-    cfg = validate_config(load_layers(DEFAULT, [], {}))
+    cfg = validate_config(load_layers([DEFAULT], {}))
     view = result_view(cfg)
     assert "threads" not in view["server"] and "startup_timeout_s" not in view["server"]
     assert "max_model_len" in view["server"] and "extra_args" in view["server"]
@@ -104,7 +167,7 @@ FACTS = Facts(num_layers=30, hidden_size=576, vocab_size=49152, max_position_emb
 
 
 def problems_of(overrides, tmp_path, facts=FACTS):
-    cfg = validate_config(load_layers(DEFAULT, [], overrides))
+    cfg = validate_config(load_layers([DEFAULT], overrides))
     return preflight.problems(cfg, resolve(cfg["target"], REPO), REPO, facts)
 
 
@@ -156,7 +219,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     found = problems_of({"hidden_states": {"aux_layers": [2, 15, 99]}, "train": {"total_seq_len": 512}}, tmp_path)
     assert len(found) == 2
     with pytest.raises(preflight.PreflightError, match="cannot run to the end"):
-        cfg = validate_config(load_layers(DEFAULT, [], {"train": {"total_seq_len": 512}}))
+        cfg = validate_config(load_layers([DEFAULT], {"train": {"total_seq_len": 512}}))
         preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
 
 
@@ -174,3 +237,16 @@ def test_external_generation_is_not_held_to_the_managed_servers_context(tmp_path
     long_answers = {"datasets": {"e": {"source": "config/prompts/everyday.jsonl", "generation": {"max_tokens": 2048}}}}
     external = {"generation_server": {"mode": "external", "base_urls": ["http://127.0.0.1:9/v1"]}}
     assert problems_of({**long_answers, **external}, tmp_path) == []
+
+
+def test_the_config_command_prints_the_embedded_default_and_refuses_a_bad_file(tmp_path, capsys):
+    from draftsmith.config import main
+
+    assert main([], REPO) == 0
+    printed = capsys.readouterr().out
+    assert yaml.safe_load(printed) == validate_config(load_layers([DEFAULT], {}))
+    assert f"  max_model_len: 2048  # {DEFAULT}" in printed
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("datasets:\n  mine: {source: mine.jsonl}\n")  # sat on the demo's target before
+    assert main(["--configfile", str(partial)], REPO) == 1
+    assert "'target' is a required property" in capsys.readouterr().err

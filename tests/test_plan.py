@@ -21,7 +21,7 @@ def kimi_config(tmp_path):
                      "throughput": {"generation_tok_s": 6000, "extraction_tok_s": 40000, "training_tok_s": 30000}}}
     path = tmp_path / "kimi.yaml"
     path.write_text(json.dumps(user))
-    return validate_config(load_layers(REPO / "config" / "config.yaml", [path], {}))
+    return validate_config(load_layers([REPO / "config" / "config.yaml", path], {}))
 
 
 def test_the_worked_example_lands_near_the_hand_estimate_and_does_not_fit(tmp_path):

@@ -47,7 +47,7 @@ def test_snakemake_reads_the_targets_as_targets_and_every_config(tmp_path):
     argv = recipes.snakemake_command(tmp_path, configs, "results/vocab/d2t.npy", "results/x.json")
     args = get_argument_parser().parse_args(argv[3:])
     assert args.targets == ["results/vocab/d2t.npy", "results/x.json"]
-    assert args.configfile == configs
+    assert args.configfile == [recipes.EMBEDDED, *configs]
 
 
 DRY_RUN = """

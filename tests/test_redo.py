@@ -63,7 +63,8 @@ def test_a_users_configfile_decides_which_datasets_exist(work, tmp_path):
     user = tmp_path / "user.yaml"
     user.write_text("datasets:\n  mine: {source: config/prompts/everyday.jsonl}\n")
     with pytest.raises(SystemExit, match="unknown dataset 'everyday'; the config has mine"):
-        redo.main(["answers", "everyday", "--configfile", str(user), "-d", str(tmp)])
+        redo.main(["answers", "everyday", "--configfile", str(REPO / "config" / "config.yaml"), str(user), "-d",
+                   str(tmp)])
 
 
 def test_config_entries_on_the_command_line_count_like_snakemakes(work, tmp_path):

@@ -35,6 +35,25 @@ def test_a_cpu_server_computes_on_every_core_unless_told_otherwise(monkeypatch):
     assert server_env({})["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"
 
 
+def test_cpu_only_engine_settings_come_from_the_machine_not_the_config(monkeypatch):
+    from draftsmith import compute
+    from draftsmith.server import spec_from_config
+
+    server = {"host": "127.0.0.1", "port": 0, "extra_args": ["--tensor-parallel-size", "8"], "env": {},
+              "startup_timeout_s": 60, "dtype": "auto"}
+    target = Target("q", "Qwen/Qwen3-8B", "hub")
+    monkeypatch.setattr(compute, "has_accelerator", lambda: True)
+    monkeypatch.setattr(compute, "bf16_native", lambda: (True, "test"))
+    gpu = spec_from_config(target, server).command(1)
+    assert "--enforce-eager" not in gpu  # CUDA graphs and compilation stay on for a GPU user
+    monkeypatch.setattr(compute, "has_accelerator", lambda: False)
+    cpu = spec_from_config(target, server).command(1)
+    assert cpu.count("--enforce-eager") == 1 and cpu[-2:] == ["--tensor-parallel-size", "8"]
+    assert spec_from_config(target, {**server, "extra_args": ["--enforce-eager"]}).command(1).count(
+        "--enforce-eager") == 1
+    assert server_env({})["VLLM_CPU_KVCACHE_SPACE"] == "2" or "VLLM_CPU_KVCACHE_SPACE" in __import__("os").environ
+
+
 def test_server_that_dies_reports_its_log(tmp_path):
     spec = ServerSpec(model=str(tmp_path / "no-such-model"), startup_timeout_s=300)
     with pytest.raises(ServerError, match="exited with code") as err, managed_server(spec, tmp_path / "server.log"):

@@ -166,12 +166,12 @@ def test_a_user_config_brings_its_own_datasets_only(tmp_path):
     user.write_text(yaml.safe_dump({"datasets": {"mine": {"source": str(mine)}},
                                     "evaluation": {"prompt_sets": {"held": {"source": str(mine)}}}}))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-           "--configfile", str(user), "--cores", "2", "-n"]
+           "--configfile", str(REPO / "config" / "config.yaml"), str(user), "--cores", "2", "-n"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jobs = planned_jobs(proc.stdout)
     assert {d for rule, d in jobs if rule == "generate"} == {"mine"}
-    assert f"config read from {REPO / 'config' / 'config.yaml'}, {user}" in proc.stderr
+    assert f"config read from the schema's defaults, then {REPO / 'config' / 'config.yaml'}, {user}" in proc.stderr
 
 
 def test_a_prompt_file_copied_again_reruns_nothing(tmp_path):

@@ -1,0 +1,87 @@
+"""The worked configs in config/examples/ as a user runs them before any GPU time: a dry run,
+`./run.sh config` and results/plan.md, on a copy of the workflow that holds their prompt files
+and a local Hugging Face cache that holds their targets' config and tokenizer (no weights)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+EXAMPLES = sorted((REPO / "config" / "examples").glob("*.yaml"))
+# The targets' real shapes (config.json), so the preflight and the plan see what users' runs see.
+TARGETS = {
+    "Qwen/Qwen3-8B": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36,
+                      "hidden_size": 4096, "vocab_size": 151936, "max_position_embeddings": 40960},
+    "moonshotai/Kimi-K2.5": {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
+                             "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"},
+                             "text_config": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
+                                             "vocab_size": 163840, "max_position_embeddings": 262144}},
+}
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tokenizer, tmp_path_factory) -> Path:
+    """A Hugging Face cache as a download leaves it, with config.json and a tokenizer per target."""
+    cache = tmp_path_factory.mktemp("hf-cache")
+    for repo_id, config in TARGETS.items():
+        snapshot = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text(json.dumps(config))
+        tokenizer.save_pretrained(snapshot)
+        (snapshot.parents[1] / "refs").mkdir()
+        (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    return cache
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory) -> Path:
+    """The workflow folder with the examples' prompt files (relative sources resolve there)."""
+    copy = tmp_path_factory.mktemp("workflow")
+    for name in ("Snakefile", "rules", "scripts", "config", "report"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, copy / name)
+    for example in EXAMPLES:
+        config = yaml.safe_load(example.read_text())
+        for name, entry in config["datasets"].items():  # distinct prompts: later datasets drop repeats
+            (copy / entry["source"]).parent.mkdir(parents=True, exist_ok=True)
+            (copy / entry["source"]).write_text("".join(
+                json.dumps({"id": f"{name}-{i}", "prompt": f"Question {i} for the {name} set: explain step {i}."})
+                + "\n" for i in range(64)))
+        for entry in config["evaluation"]["prompt_sets"].values():
+            shutil.copy(REPO / "config" / "prompts" / "bench_everyday.jsonl", copy / entry["source"])
+    return copy
+
+
+def run(workflow: Path, hub_cache: Path, workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "TARGET_API_KEY": "not-a-key"}
+    return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(workflow / "Snakefile"), "-d", str(workdir),
+                           "--cores", "2", *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_a_worked_example_dry_runs_and_plans_before_any_gpu_time(example, workflow, hub_cache, tmp_path):
+    config = workflow / "config" / "examples" / example.name
+    proc = run(workflow, hub_cache, tmp_path, "--configfile", str(config), "-n")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "train" in proc.stdout and "evaluate" in proc.stdout
+    proc = run(workflow, hub_cache, tmp_path, "results/plan.md", "--configfile", str(config))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plan = (tmp_path / "results" / "plan.md").read_text()
+    facts = TARGETS[yaml.safe_load(example.read_text())["target"]["source"]]
+    assert f"Target: {(facts.get('text_config') or facts)['num_hidden_layers']} layers" in plan, plan
+    for name in yaml.safe_load(example.read_text())["datasets"]:
+        assert f"| {name} | 64 |" in plan, plan  # every prompt counted (none lost to decontamination)
+    printed = subprocess.run([sys.executable, "-m", "draftsmith.config", "--configfile", str(config)],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    effective = yaml.safe_load(printed)
+    assert effective["target"] == {**yaml.safe_load(example.read_text())["target"], **effective["target"]}
+    assert f"# {config}" in printed and "# default" in printed
+    assert "--enforce-eager" not in printed and "VLLM_CPU" not in printed
