@@ -6,4 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
+envs/test-assets.sh
 exec .venv/bin/python -m pytest --durations=25 "$@"

@@ -11,13 +11,15 @@ from pathlib import Path
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3's usual choice, ``[2, N/2, N-3]``: an early, a middle and a late layer. Below 7
     layers that repeats or reverses layers (a 4-layer target gets [2, 2, 1], which training
-    refuses), so shallow targets get the first, middle and last layer instead."""
+    refuses), so shallow targets get layers 1, N/2 and N-1 instead. Never layer 0 (the
+    embeddings): vLLM's DeepSeek-V3 model cannot capture it (it adds a residual that is None)."""
     layers = [2, num_layers // 2, num_layers - 3]
     if layers == sorted(set(layers)):
         return layers
-    if num_layers < 3:
-        raise ValueError(f"EAGLE-3 needs three distinct auxiliary layers; the target has {num_layers} layers")
-    return [0, num_layers // 2, num_layers - 1]
+    if num_layers < 4:
+        raise ValueError(f"EAGLE-3 needs three distinct auxiliary layers after the first; the target has "
+                         f"{num_layers} layers")
+    return [1, num_layers // 2, num_layers - 1]
 
 
 def aux_layer_problem(layers: list[int], num_layers: int) -> str | None:

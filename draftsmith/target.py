@@ -89,14 +89,21 @@ class Facts:
     max_position_embeddings: int | None
     model_type: str
     custom_code: bool = False  # config.json maps Auto classes to the target's own code (auto_map)
+    attention: str | None = None  # "mla" (DeepSeek-V3, Kimi-K2) or "mha"; None when not known
+    head_size: int | None = None  # per attention head; MLA: its latent cache, kv_lora_rank + qk_rope_head_dim
 
     @classmethod
     def from_config(cls, config: dict) -> Facts:
         text = config.get("text_config") or config  # multimodal targets nest the language model
+        mla = text.get("kv_lora_rank") is not None
+        heads = text.get("num_attention_heads")
+        head_size = (text["kv_lora_rank"] + text.get("qk_rope_head_dim", 0) if mla else
+                     text.get("head_dim") or (text["hidden_size"] // heads if heads else None))
         return cls(num_layers=text["num_hidden_layers"], hidden_size=text["hidden_size"],
                    vocab_size=text["vocab_size"], max_position_embeddings=text.get("max_position_embeddings"),
                    model_type=text.get("model_type", config.get("model_type", "?")),
-                   custom_code=bool(config.get("auto_map")))
+                   custom_code=bool(config.get("auto_map")), attention="mla" if mla else "mha",
+                   head_size=head_size)
 
 
 def config_path(target: Target) -> Path | None:

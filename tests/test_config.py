@@ -198,7 +198,8 @@ def test_mistakes_found_only_hours_in_are_found_before_any_work(overrides, expec
     (4, None, None),  # the default [2, N/2, N-3] was [2, 2, 1]: training refused it after extraction
     (4, [2, 2, 1], r"hidden_states.aux_layers \[2, 2, 1\] repeats a layer"),
     (4, [1, 2, 4], r"hidden_states.aux_layers \[1, 2, 4\]: the target has 4 layers \(ids 0 to 3\)"),
-    (2, None, "hidden_states.aux_layers: EAGLE-3 needs three distinct auxiliary layers; the target has 2 layers"),
+    (3, None, "hidden_states.aux_layers: EAGLE-3 needs three distinct auxiliary layers after the first; the target "
+              "has 3 layers"),
 ])
 def test_auxiliary_layers_training_would_refuse_are_found_before_work(num_layers, aux, expected, tmp_path):
     small = Facts(num_layers=num_layers, hidden_size=64, vocab_size=49152, max_position_embeddings=8192,
@@ -213,6 +214,22 @@ def test_a_target_with_its_own_code_needs_the_flag(tmp_path):
     (found,) = problems_of({}, tmp_path, custom)
     assert "target.trust_remote_code: true" in found and "kimi_k2" in found
     assert problems_of({"target": {"trust_remote_code": True}}, tmp_path, custom) == []
+
+
+@pytest.mark.parametrize("arch, changes, expected", [
+    ("deepseek_v3", {}, None),
+    ("deepseek_v3", {"kv_lora_rank": 256}, r"deepseek_v3 target: its MLA latent .* is 320 wide, the CPU kernels "
+                                           r"take 576"),
+    ("qwen3", {}, None),
+    ("qwen3", {"head_dim": 16}, r"qwen3 target: its attention heads are 16 wide"),
+])
+def test_a_target_vllms_cpu_build_cannot_serve_is_named_before_work(arch, changes, expected, tmp_path):
+    from tests.tiny_targets import config_of
+
+    facts = Facts.from_config({**config_of(arch).to_dict(), **changes})
+    found = problems_of({}, tmp_path, facts)
+    assert found == [] if expected is None else (len(found) == 1 and re.search(expected, found[0])), found
+    assert problems_of({"server": {"gpus": 8}}, tmp_path, facts) == []  # GPU engines take them
 
 
 def test_every_problem_is_reported_at_once(tmp_path):

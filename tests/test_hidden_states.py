@@ -183,7 +183,7 @@ def test_the_layers_are_decided_in_one_place(tmp_path):
     assert choose_aux_layers(None, 30, None) == [2, 15, 27]
 
 
-@pytest.mark.parametrize("num_layers, expected", [(3, [0, 1, 2]), (4, [0, 2, 3]), (6, [0, 3, 5]), (7, [2, 3, 4]),
+@pytest.mark.parametrize("num_layers, expected", [(4, [1, 2, 3]), (5, [1, 2, 4]), (6, [1, 3, 5]), (7, [2, 3, 4]),
                                                   (61, [2, 30, 58])])
 def test_the_default_layers_are_distinct_target_layers_at_every_depth(num_layers, expected):
     layers = default_aux_layers(num_layers)  # EAGLE-3's [2, N/2, N-3] gave [2, 2, 1] for 4 layers
@@ -191,8 +191,8 @@ def test_the_default_layers_are_distinct_target_layers_at_every_depth(num_layers
 
 
 def test_a_target_too_shallow_for_three_layers_is_named():
-    with pytest.raises(ValueError, match="the target has 2 layers"):
-        default_aux_layers(2)
+    with pytest.raises(ValueError, match="the target has 3 layers"):
+        default_aux_layers(3)
 
 
 @pytest.mark.parametrize("layout", ["per_row", "shards"])
