@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import statistics
 import time
@@ -98,7 +99,25 @@ class GenerationSettings:
 
 def settings_key(model_name: str, settings: GenerationSettings) -> str:
     """Names the journal: everything that changes an answer, nothing about where files live."""
-    return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy], 12)
+    return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy],
+                       KEY_LENGTH)
+
+
+JOURNAL_DIR = Path("results/responses/.journal")
+KEY_LENGTH = 12
+
+
+def journal_path(folder: Path, dataset: str, key: str) -> Path:
+    """A dataset's journal for one settings key (:func:`settings_key`)."""
+    return Path(folder) / f"{dataset}-{key}.jsonl"
+
+
+def journals_of(folder: Path, dataset: str) -> list[Path]:
+    """Every journal of ``dataset``, whatever its settings: names that are exactly
+    ``{dataset}-{key}.jsonl``. A glob on ``{dataset}-*`` also matched the journals of a dataset
+    named ``{dataset}-v2``, and redo deleted them."""
+    name = re.compile(re.escape(dataset) + rf"-[0-9a-f]{{{KEY_LENGTH}}}\.jsonl")
+    return sorted(p for p in Path(folder).glob(f"{dataset}-*.jsonl") if name.fullmatch(p.name))
 
 
 class Journal:

@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.generate import journals_of
 from draftsmith.target import Facts
 
 BYTES_PER_VALUE = 2  # bf16
@@ -48,7 +49,7 @@ def hidden_state_bytes(tokens: float, facts: Facts, layout: str, rows: float) ->
 def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:
     """Mean completion tokens of the answers journaled so far for a dataset (any settings)."""
     lengths = []
-    for path in journal_dir.glob(f"{dataset}-*.jsonl"):
+    for path in journals_of(journal_dir, dataset):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.endswith("}"):
                 record = json.loads(line)

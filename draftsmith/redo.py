@@ -23,14 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.config import ConfigError, from_snakemake_args
+from draftsmith.generate import JOURNAL_DIR, journals_of
 
 ASK_ABOVE_S = 300.0
 DRY_RUN_FLAGS = ("-n", "--dry-run", "--dryrun")
 
+
+def is_dry_run(arg: str) -> bool:
+    """``-n`` alone or among combined short flags (``-np``: a preview, which deleted before)."""
+    return arg in DRY_RUN_FLAGS or (arg.startswith("-") and not arg.startswith("--") and "n" in arg[1:])
+
 STAGES = {
     "hidden_states": lambda d: [Path("results/hidden_states") / d],
-    "answers": lambda d: [*Path("results/responses/.journal").glob(f"{d}-*.jsonl"),
-                          *Path("results/responses").glob(f"{d}.*")],
+    "answers": lambda d: [*journals_of(JOURNAL_DIR, d), *Path("results/responses").glob(f"{d}.*")],
 }
 OUTPUT = {"hidden_states": "results/hidden_states/{}/manifest.json", "answers": "results/responses/{}.jsonl"}
 TIMING = {"hidden_states": "results/timings/hidden_states/{}.tsv", "answers": "results/timings/generate/{}.tsv"}
@@ -117,7 +122,7 @@ def main(argv: list[str], workflow_dir: Path = WORKFLOW_DIR) -> None:
     stage, dataset, *rest = argv
     yes = "--yes" in rest
     snakemake_args = [a for a in rest if a != "--yes"]
-    dry_run = any(a in DRY_RUN_FLAGS for a in snakemake_args)
+    dry_run = any(is_dry_run(a) for a in snakemake_args)
     workdir = next((snakemake_args[i + 1] for i, a in enumerate(snakemake_args[:-1]) if a in ("-d", "--directory")),
                    ".")
     datasets = datasets_of(snakemake_args, workflow_dir)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from draftsmith.config import from_snakemake_args
+from draftsmith.generate import JOURNAL_DIR, journals_of
 
 CACHE = Path(".snakemake/draftsmith-status.json")
 FINAL = ("results/drafter/final.safetensors", "results/drafter/README.md", "results/report/report.md")
@@ -114,7 +115,7 @@ def dataset_status(name: str, entry: dict, cache: dict) -> DatasetStatus:
     prompts = Path(f"results/prompts/{name}.jsonl")
     if prompts.exists():
         st.prompts = count_lines(prompts, cache.setdefault("lines", {}))
-    journals = sorted(Path("results/responses/.journal").glob(f"{name}-*.jsonl"), key=lambda p: p.stat().st_mtime)
+    journals = sorted(journals_of(JOURNAL_DIR, name), key=lambda p: p.stat().st_mtime)
     if journals:  # the newest settings; older journals belong to earlier settings
         counted = count_journal(journals[-1], JournalCount(**cache.get("journals", {}).get(str(journals[-1]), {})))
         cache.setdefault("journals", {})[str(journals[-1])] = asdict(counted)

@@ -7,7 +7,15 @@ from pathlib import Path
 from draftsmith.chat import TokenizeSettings, early_check
 from draftsmith.client import HealthPolicy
 from draftsmith.datasets import read_prompts
-from draftsmith.generate import GenerationSettings, Outputs, generate, has_work, make_client, settings_key
+from draftsmith.generate import (
+    GenerationSettings,
+    Outputs,
+    generate,
+    has_work,
+    journal_path,
+    make_client,
+    settings_key,
+)
 from draftsmith.runner import run, target_of
 from draftsmith.server import generation_spec, managed_server
 from draftsmith.target import load_tokenizer
@@ -25,7 +33,7 @@ def main() -> None:
         entry["generation"], chat_template_kwargs=params.chat_template_kwargs,
         return_token_ids=(managed and gen["engine"] == "vllm") if token_ids == "auto" else token_ids)
     prompts = read_prompts(Path(sm.input.prompts))
-    journal = Path(params.journal_dir) / f"{name}-{settings_key(params.model_name, settings)}.jsonl"
+    journal = journal_path(Path(params.journal_dir), name, settings_key(params.model_name, settings))
     outputs = Outputs(Path(sm.output.responses), Path(sm.output.stats), Path(sm.output.errors), journal)
     limits = {"max_samples": entry["max_samples"], "token_budget": entry["token_budget"]}
     if not has_work(prompts, journal, **limits):

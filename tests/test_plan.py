@@ -46,7 +46,7 @@ def test_a_budget_and_measured_answers_refine_the_estimate(tmp_path):
     entry = {**config["datasets"]["regenerated"], "token_budget": 1_000_000}
     journal = tmp_path / "journal"
     journal.mkdir()
-    (journal / "regenerated-abc.jsonl").write_text("".join(
+    (journal / "regenerated-0123456789ab.jsonl").write_text("".join(
         json.dumps({"id": f"p{i}", "status": "ok", "usage": {"completion_tokens": 1000}}) + "\n" for i in range(10)))
     ds = plan.plan_dataset("regenerated", entry, [Prompt(f"p{i}", ["x"]) for i in range(5000)], 100, 0.5, journal,
                            10240)

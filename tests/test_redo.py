@@ -13,7 +13,7 @@ def work(tmp_path, monkeypatch):
     """A results folder with one dataset's answers and hidden states; snakemake is not started."""
     journal = tmp_path / "results" / "responses" / ".journal"
     journal.mkdir(parents=True)
-    (journal / "everyday-abc.jsonl").write_text("x" * 5000)
+    (journal / "everyday-0123456789ab.jsonl").write_text("x" * 5000)
     (tmp_path / "results" / "responses" / "everyday.jsonl").write_text("y" * 100)
     (tmp_path / "results" / "responses" / "humaneval.jsonl").write_text("z")
     timings = tmp_path / "results" / "timings" / "generate"
@@ -25,14 +25,23 @@ def work(tmp_path, monkeypatch):
     return tmp_path, execs
 
 
-def test_a_dry_run_deletes_nothing_and_says_what_would_go(work, capsys):
+@pytest.mark.parametrize("preview", ["-n", "-np", "-pn", "--dry-run"])
+def test_a_dry_run_deletes_nothing_and_says_what_would_go(work, capsys, preview):
     tmp, execs = work
-    redo.main(["answers", "everyday", "-n", "-d", str(tmp)])
-    assert (tmp / "results" / "responses" / ".journal" / "everyday-abc.jsonl").exists()
+    redo.main(["answers", "everyday", preview, "-d", str(tmp)])
+    assert (tmp / "results" / "responses" / ".journal" / "everyday-0123456789ab.jsonl").exists()
     err = capsys.readouterr().err
-    assert "would remove results/responses/.journal/everyday-abc.jsonl (4.9 KiB)" in err
+    assert "would remove results/responses/.journal/everyday-0123456789ab.jsonl (4.9 KiB)" in err
     assert "nothing deleted" in err and "made in 60.0 min" in err
-    assert execs[0][-2:] == ["--forcerun", "results/responses/everyday.jsonl"] and "-n" in execs[0]
+    assert execs[0][-2:] == ["--forcerun", "results/responses/everyday.jsonl"] and preview in execs[0]
+
+
+def test_redoing_a_dataset_leaves_the_journal_of_one_whose_name_it_prefixes(work, capsys):
+    tmp, _ = work
+    other = tmp / "results" / "responses" / ".journal" / "everyday-v2-fedcba987654.jsonl"
+    other.write_text("paid for\n")  # the journals of dataset everyday-v2 (everyday-* matched it)
+    redo.main(["answers", "everyday", "--yes", "-d", str(tmp)])
+    assert other.exists() and not (tmp / "results" / "responses" / ".journal" / "everyday-0123456789ab.jsonl").exists()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -19,7 +19,7 @@ def run_dir(tmp_path, monkeypatch):
     (tmp_path / ".snakemake").mkdir()
     (tmp_path / "results/prompts").mkdir(parents=True)
     (tmp_path / "results/prompts/everyday.jsonl").write_text("{}\n" * 64)
-    journal = tmp_path / "results/responses/.journal/everyday-abc.jsonl"
+    journal = tmp_path / "results/responses/.journal/everyday-0123456789ab.jsonl"
     journal.parent.mkdir(parents=True)
     journal.write_text("".join(record(i) for i in range(20)) + record(20, state="dropped"))
     (tmp_path / "logs/generate").mkdir(parents=True)
@@ -41,7 +41,7 @@ def test_counts_come_from_the_journal_and_eta_from_the_running_job(run_dir):
 def test_a_journal_is_read_incrementally(run_dir, monkeypatch):
     config = from_snakemake_args([], REPO)
     status.collect(config)
-    journal = run_dir / "results/responses/.journal/everyday-abc.jsonl"
+    journal = run_dir / "results/responses/.journal/everyday-0123456789ab.jsonl"
     with journal.open("a") as fh:
         fh.write(record(21, tokens=5) + record(22, tokens=5)[:20])  # the second is still being written
     seen = []
