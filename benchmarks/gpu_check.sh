@@ -43,7 +43,9 @@ out.write_text(yaml.safe_dump({
     "evaluation": {"prompt_sets": {"unused": {"source": str(tables[0])}}},
 }))
 EOF
-snakemake=("$PY" -m snakemake -s "$PWD/Snakefile" -d "$work" --configfile "$config" --cores 16 --resources gpu=1)
+# The embedded default (target, server) with these rows and sizes laid over it
+snakemake=("$PY" -m snakemake -s "$PWD/Snakefile" -d "$work" --configfile "$PWD/config/config.yaml" "$config" --cores 16
+           --resources gpu=1)
 "${snakemake[@]}" -n results/train/training.json >"$work/dry_run.log" 2>&1 \
   || { say "dry run failed:"; tail -20 "$work/dry_run.log" >&2; exit 1; }
 say "dry run: ok ($(grep -c '^rule \|^localrule ' "$work/dry_run.log") jobs planned), config $config"
