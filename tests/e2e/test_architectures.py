@@ -4,11 +4,13 @@ by vLLM-CPU with the qwen3 reasoning parser and thinking on. Random weights neve
 tags: the parser files each whole answer as reasoning and the template would re-add the tags, so
 every row failed tokenization before answers were supervised on the model's own token ids.
 
-Both hidden-state backends run (transformers on the Qwen3 targets, vLLM on DeepSeek-V3). Each run
-stops at the gated export: the gate serves the target with the drafter through vLLM's EAGLE-3
-path, which is what evaluation measures; evaluation itself (two more server starts, τ 1.0 on a
-random target) is left to the main e2e run, to keep CI inside its time. Four layers: the shallow
-default layers [1, 2, 3] (EAGLE-3's own gave [2, 2, 1])."""
+Both hidden-state backends run (transformers on the Qwen3 targets, vLLM on DeepSeek-V3). To keep
+CI inside its time, DeepSeek-V3 (the Kimi-K2 family, the one users' 1T targets belong to) runs to
+the gated export, whose vLLM EAGLE-3 server is what evaluation measures; the Qwen3 targets stop
+after their hidden states (training takes hidden states alone; the full runs took 3.0-3.4 min
+each here and passed). Evaluation itself (two more server starts, τ 1.0 on a random target) is
+left to the main e2e run. Four layers: the shallow default layers [1, 2, 3] (EAGLE-3's own gave
+[2, 2, 1])."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from tests.tiny_targets import build
 pytestmark = pytest.mark.e2e
 
 BACKENDS = {"qwen3": "transformers", "qwen3_moe": "transformers", "deepseek_v3": "vllm"}
+GATED = ("deepseek_v3",)
 
 
 def config_for(arch: str, target) -> dict:
@@ -50,7 +53,8 @@ def test_a_target_family_trains_a_drafter_with_thinking_on(arch, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(config_for(arch, target)))
     work = tmp_path / "work"
-    proc = snakemake(work, "results/drafter/final.safetensors", config=config)
+    last = "results/drafter/final.safetensors" if arch in GATED else "results/hidden_states/everyday/manifest.json"
+    proc = snakemake(work, last, config=config)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-2500:]}" for p in sorted((work / "logs").rglob("*.log")))
         pytest.fail(f"{arch}: workflow failed:\n{proc.stderr[-3000:]}\n{logs}")
@@ -64,6 +68,8 @@ def test_a_target_family_trains_a_drafter_with_thinking_on(arch, tmp_path):
     assert len(rows) == 8 and all(max(r["input_ids"]) < 151936 for r in rows)
     manifest = json.loads((results / "hidden_states" / "everyday" / "manifest.json").read_text())
     assert manifest["aux_layers"] == [1, 2, 3] and manifest["backend"] == BACKENDS[arch]
+    if arch not in GATED:
+        return
     drafter = json.loads((results / "drafter" / "config.json").read_text())
     assert drafter["speculators_config"]["verifier"]["name_or_path"] == f"tests/tiny-{arch}"
     gate = json.loads((results / "drafter" / "gate.json").read_text())
