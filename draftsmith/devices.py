@@ -2,10 +2,18 @@
 
 Snakemake's ``gpu`` resource only limits how many GPUs the running jobs ask for together; it does
 not say which ones a job gets. On an 8-GPU machine (``--resources gpu=8``) eight one-GPU generation
-jobs run side by side and every vLLM server would take GPU 0. A job that needs GPUs and finds no
-``CUDA_VISIBLE_DEVICES`` (which SLURM and other schedulers set) therefore leases GPU ids: an
-exclusive ``flock`` per id in a machine-wide folder, held for the job's life and released by the
-kernel when the job ends, kill -9 included. Never part of a run key.
+jobs run side by side and every vLLM server would take GPU 0. A job that needs GPUs therefore
+leases GPU ids: an exclusive ``flock`` per id, held for the job's life and released by the kernel
+when the job ends, kill -9 included. Never part of a run key.
+
+Which ids it leases from:
+- no ``CUDA_VISIBLE_DEVICES``: the machine's GPUs (``nvidia-smi``), in a machine-wide folder;
+- ``CUDA_VISIBLE_DEVICES`` naming exactly as many GPUs as the job needs (a SLURM job the executor
+  submitted for this rule): those, nothing to lease;
+- ``CUDA_VISIBLE_DEVICES`` naming more (Snakemake run inside one ``salloc``/``sbatch`` of 8 GPUs,
+  its GPU jobs side by side in one allocation): a share of those. SLURM numbers an allocation's
+  GPUs from 0 in every job, so the leases of a SLURM allocation sit in a folder of its own
+  (``SLURM_JOB_ID``), never confused with another job's "GPU 0" on the same node.
 """
 
 from __future__ import annotations
@@ -47,20 +55,20 @@ def _try_lock(path: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def lease(count: int, total: int, folder: Path | None = None, poll_s: float = 5.0) -> Iterator[list[int]]:
-    """``count`` of GPU ids 0..total-1 held by no other job, waiting for them if need be. All or
-    none: a job never sits on some ids while it waits for more (two jobs could wait on each other)."""
-    if count > total:
-        raise ValueError(f"the job needs {count} GPUs and this machine has {total}")
+def lease(count: int, ids: list[str], folder: Path | None = None, poll_s: float = 5.0) -> Iterator[list[str]]:
+    """``count`` of the GPU ``ids`` held by no other job, waiting for them if need be. All or none: a
+    job never sits on some ids while it waits for more (two jobs could wait on each other)."""
+    if count > len(ids):
+        raise ValueError(f"the job needs {count} GPUs and {len(ids)} are visible to it ({','.join(ids)})")
     folder = folder or LEASES
     folder.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(PermissionError):  # every user's jobs lease from the same GPUs
         folder.chmod(0o1777)
-    held: dict[int, int] = {}
+    held: dict[str, int] = {}
     waited = False
     try:
         while True:
-            for gpu in range(total):
+            for gpu in ids:
                 if len(held) < count and (fd := _try_lock(folder / f"gpu{gpu}.lock")) is not None:
                     held[gpu] = fd
             if len(held) == count:
@@ -69,30 +77,42 @@ def lease(count: int, total: int, folder: Path | None = None, poll_s: float = 5.
                 os.close(fd)
             held.clear()
             if not waited:
-                log.info("waiting for %d free GPUs of %d (other jobs hold the rest; leases in %s)", count, total,
-                         folder)
+                log.info("waiting for %d free GPUs of %s (other jobs hold the rest; leases in %s)", count,
+                         ",".join(ids), folder)
                 waited = True
             time.sleep(poll_s)
-        yield sorted(held)
+        yield [gpu for gpu in ids if gpu in held]
     finally:
         for fd in held.values():
             os.close(fd)
 
 
+def _lease_pool() -> tuple[list[str], Path] | None:
+    """The GPU ids a job leases from and the folder of their leases, or None where none can be told."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [gpu.strip() for gpu in visible.split(",") if gpu.strip()]
+        allocation = os.environ.get("SLURM_JOB_ID")
+        return ids, (LEASES / f"slurm-{allocation}" if allocation else LEASES)
+    total = machine_gpus()
+    return ([str(gpu) for gpu in range(total)], LEASES) if total is not None else None
+
+
 @contextlib.contextmanager
 def for_job(gpus: int) -> Iterator[None]:
     """Run the job's body on ``gpus`` leased GPUs (``CUDA_VISIBLE_DEVICES`` set for it and for the
-    servers it starts), unless it needs none or a scheduler already chose them."""
-    if not gpus or "CUDA_VISIBLE_DEVICES" in os.environ:
+    servers it starts), unless it needs none or what it sees is exactly its own."""
+    pool = _lease_pool() if gpus else None
+    if not gpus or (pool is not None and len(pool[0]) == gpus):
         yield
         return
-    total = machine_gpus()
-    if total is None:
+    if pool is None:
         log.warning("the job asks for %d GPUs but nvidia-smi cannot list this machine's: it sees every GPU, "
                     "and jobs running side by side may share them", gpus)
         yield
         return
-    with lease(gpus, total) as ids:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
-        log.info("GPUs %s leased for this job", ids)
+    ids, folder = pool
+    with lease(gpus, ids, folder) as mine:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        log.info("GPUs %s leased for this job (of %s)", ",".join(mine), ",".join(ids))
         yield
