@@ -357,15 +357,15 @@ TRAIN_LM_HEAD = "--draftsmith-train-lm-head"  # ours, not speculators': removed 
 
 def _train_lm_head(trainer_cls) -> None:
     """Make the draft LM head trainable: speculators copies the target's and freezes it (SpecForge and
-    EAGLE train it). Set after the model is built, before the optimizer collects its parameters."""
-    original = trainer_cls.setup_optimizer
+    EAGLE train it). Set before ``setup_model`` wraps the model: DDP and FSDP decide at the wrap which
+    parameters they synchronise, so a head made trainable afterwards trains apart on every rank."""
+    original = trainer_cls.setup_model
 
-    def setup_optimizer(self, *args, **kwargs):
-        model = getattr(self.model, "module", self.model)  # DDP wraps it
-        model.lm_head.weight.requires_grad_(True)
+    def setup_model(self, *args, **kwargs):
+        self.model.lm_head.weight.requires_grad_(True)
         return original(self, *args, **kwargs)
 
-    trainer_cls.setup_optimizer = setup_optimizer
+    trainer_cls.setup_model = setup_model
 
 
 def _weights_in_fp32(trainer_cls) -> None:

@@ -269,3 +269,87 @@ def test_ranks_signalled_at_different_points_stop_after_the_same_step(tmp_path):
     saved = [(tmp_path / f"rank{rank}").read_text() if (tmp_path / f"rank{rank}").exists() else None
              for rank in (0, 1)]
     assert saved == ["interrupted 4", "interrupted 4"] and [p.exitcode for p in ranks] == [0, 0]
+
+
+
+class _Drafter:
+    """A drafter's shape for the head's sake: a trained body, and a head that arrives frozen (as
+    speculators copies the target's)."""
+
+    @staticmethod
+    def build():
+        import torch
+
+        class Drafter(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(16, 16)
+                self.lm_head = torch.nn.Linear(16, 32, bias=False).requires_grad_(False)
+
+            def forward(self, x):
+                return self.lm_head(self.fc(x))
+
+        return Drafter()
+
+
+class _HeadTrainer:
+    """speculators' Trainer as far as the LM head concerns it: its own ``_setup_model_ddp`` and
+    ``build_optimizers``, called in the order its ``__init__`` calls them."""
+
+    def __init__(self):
+        self.local_rank = "cpu"
+        self.model = _Drafter.build()
+        self.setup_model()
+        self.setup_optimizer()
+
+    def setup_model(self):
+        from speculators.train.trainer import Trainer
+
+        Trainer._setup_model_ddp(self, load_checkpoint=False)
+
+    def setup_optimizer(self):
+        from types import SimpleNamespace
+
+        from speculators.train.optimizers import build_optimizers
+
+        self.optimizers = build_optimizers(self.model, SimpleNamespace(optimizer="adamw", lr=0.01, weight_decay=0.0))
+
+
+def _train_head_on_one_rank(rank: int, out) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    tr._train_lm_head(_HeadTrainer)
+    trainer = _HeadTrainer()
+    initial = trainer.model.module.lm_head.weight.detach().clone()
+    torch.manual_seed(rank)  # every rank its own rows, as the sampler hands them out
+    for _ in range(5):
+        trainer.model(torch.randn(4, 16)).square().mean().backward()
+        for optimizer in trainer.optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.save((initial, trainer.model.module.lm_head.weight.detach()), out / f"head{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_a_trained_head_stays_the_same_on_every_rank(tmp_path):
+    """train.train_lm_head under torchrun: the ranks' heads must get the averaged gradient (DDP
+    decides what it synchronises when it wraps the model), or each rank exports another head."""
+    import multiprocessing
+
+    import torch
+
+    ctx = multiprocessing.get_context("spawn")
+    ranks = [ctx.Process(target=_train_head_on_one_rank, args=(rank, tmp_path)) for rank in (0, 1)]
+    for proc in ranks:
+        proc.start()
+    for proc in ranks:
+        proc.join(120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    (initial, head0), (_, head1) = (torch.load(tmp_path / f"head{rank}.pt") for rank in (0, 1))
+    assert not torch.equal(head0, initial)  # it trained
+    assert torch.equal(head0, head1)
