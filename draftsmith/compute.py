@@ -1,6 +1,7 @@
 """Which floating-point type to compute in, decided on the machine that runs the job.
 
-bf16 is what GPUs and recent CPUs (AVX-512 with bf16, AMX) compute natively. On a CPU without it
+bf16 is what recent GPUs (compute capability 8.0 on: A100, H100) and CPUs (AVX-512 with bf16, AMX)
+compute natively; older GPUs (V100, T4) compute fp16, which ``auto`` then chooses. On a CPU without it
 torch emulates bf16: a 1024² matmul ran at 0.9 GFLOP/s against 64 in fp32 on an AVX2-only EPYC,
 and vLLM, hidden-state extraction and training all slowed by the same factor. ``auto`` therefore
 computes in bf16 where it is native and in fp32 elsewhere. Hidden states are stored in bf16 either
@@ -36,22 +37,40 @@ def has_accelerator() -> bool:
     return torch.accelerator.is_available()
 
 
+def device() -> str:
+    """Where a job's own torch computation runs: the accelerator (``cuda``; the job's GPUs are
+    those ``CUDA_VISIBLE_DEVICES`` names) or the CPU."""
+    import torch
+
+    return str(torch.accelerator.current_accelerator()) if has_accelerator() else "cpu"
+
+
 def bf16_native() -> tuple[bool, str]:
     """Whether this machine computes bf16 natively, and why we think so."""
     import torch
 
     if has_accelerator():
-        return True, f"accelerator {torch.accelerator.current_accelerator()}"
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            major, minor = torch.cuda.get_device_capability()
+            return False, f"GPU compute capability {major}.{minor} (no bf16 before 8.0: V100, T4)"
+        return True, f"accelerator {accelerator}"
     capability = torch.backends.cpu.get_cpu_capability()
     native = capability.startswith("AVX512") and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     return native, f"CPU capability {capability}" + ("" if native else ", bf16 emulated")
 
 
-def choose(setting: str = "auto") -> Choice:
-    """The dtype for ``setting`` (``auto`` or an explicit dtype) on this machine."""
+def choose(setting: str = "auto", training: bool = False) -> Choice:
+    """The dtype for ``setting`` (``auto`` or an explicit dtype) on this machine. ``training``: for
+    speculators' trainer, which autocasts without gradient scaling and so cannot take fp16."""
     if setting not in DTYPES:
         raise ValueError(f"unknown compute dtype {setting!r}; use one of {', '.join(DTYPES)}")
+    if setting == "float16" and training:
+        raise ValueError("speculators trains in bfloat16 or float32, not float16 (it has no gradient scaling)")
     if setting != "auto":
         return Choice(setting, "set in the config")
     native, why = bf16_native()
-    return Choice("bfloat16" if native else "float32", why)
+    if native:
+        return Choice("bfloat16", why)
+    # A GPU without bf16 serves in fp16 (vLLM refuses bf16 there) and trains in fp32; a CPU, fp32.
+    return Choice("float16" if has_accelerator() and not training else "float32", why)

@@ -63,14 +63,20 @@ def write_manifest(store: HiddenStateStore, rows: list[list[int]], out: Path, fa
 
 def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writer: Writer,
                          aux_layers: list[int], threads: int, dtype: str = "bfloat16",
-                         trust_remote_code: bool = False) -> None:
-    """A forward pass per row in ``dtype`` (see :mod:`draftsmith.compute`); stored in bf16 by the writer."""
+                         trust_remote_code: bool = False, device: str | None = None) -> None:
+    """A forward pass per row in ``dtype`` (see :mod:`draftsmith.compute`) on ``device`` (the job's
+    accelerator where it has one: :func:`draftsmith.compute.device`); stored in bf16 by the writer,
+    which takes the states from the device. One device holds the whole target: a target larger than
+    one GPU is what the vLLM backend (tensor parallel) is for."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from draftsmith.compute import device as job_device
+
+    device = device or job_device()
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
-                                                 trust_remote_code=trust_remote_code).eval()
+                                                 trust_remote_code=trust_remote_code).eval().to(device)
     layers = model.model.layers
     captured: dict[str, torch.Tensor] = {}
     # hidden_states[k] from transformers is the output of decoder layer k-1, but the final slot
@@ -80,10 +86,10 @@ def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writ
     try:
         with torch.inference_mode():
             for row, tokens in tqdm(todo, desc="hidden states", mininterval=2.0):
-                ids = torch.tensor([tokens])
-                out = model.model(input_ids=ids, output_hidden_states=True)
+                ids = torch.tensor(tokens)
+                out = model.model(input_ids=ids[None].to(device), output_hidden_states=True)
                 slots = [out.hidden_states[k][0] for k in aux_layers] + [captured["last"][0]]
-                writer.write(row, torch.stack(slots, dim=1), ids[0])
+                writer.write(row, torch.stack(slots, dim=1), ids)
     finally:
         hook.remove()
 

@@ -267,8 +267,8 @@ class _ShardWriter(Writer):
         self.bytes = 0
 
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
-        ids = token_ids.to(torch.int64).contiguous()
-        hidden_states = hidden_states.to(STORED_DTYPE).contiguous()
+        ids = token_ids.to("cpu", torch.int64).contiguous()
+        hidden_states = hidden_states.to(STORED_DTYPE).to("cpu").contiguous()  # a shard gathers in host memory
         self.tensors[f"{row}.hidden_states"] = hidden_states
         self.tensors[f"{row}.token_ids"] = ids
         self.rows[str(row)] = ids_digest(ids.tolist())

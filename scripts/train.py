@@ -65,7 +65,7 @@ def main() -> None:
         write_locations(data_dir, [by_dataset[table[i]["dataset"]].locations([table[i]["source_row"]])[0]
                                    for i in keep])
     on_cpu = tr.adapt_for_cpu()
-    dtype = compute.choose(ops["dtype"])
+    dtype = compute.choose(ops["dtype"], training=True)
     rows = len(keep)
     n_train = sum(table[i]["split"] == TRAIN for i in keep)
     server = spec_from_config(tgt, sm.config["server"], **hs.vllm_server_configs(

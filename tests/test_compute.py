@@ -37,3 +37,21 @@ def test_servers_get_the_chosen_dtype_unless_the_user_passed_one(monkeypatch):
     cmd = spec_from_config(Target("m", "m", "hub"), {**SERVER, "extra_args": ["--dtype", "half"]}).command(1)
     assert cmd.count("--dtype") == 1 and cmd[cmd.index("--dtype") + 1] == "half"
     assert "--dtype" not in ServerSpec(model="m").command(1)
+
+
+def test_a_gpu_without_bf16_serves_in_fp16_and_trains_in_fp32(monkeypatch):
+    """A V100 or T4 (compute capability 7.x): vLLM refuses bf16 there, speculators cannot train in fp16."""
+    import torch
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    serving, training = compute.choose("auto"), compute.choose("auto", training=True)
+    assert (serving.dtype, training.dtype) == ("float16", "float32")
+    assert "compute capability 7.0" in serving.reason
+    assert compute.device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert compute.choose("auto") == compute.Choice("bfloat16", "accelerator cuda")
+    with pytest.raises(ValueError, match="not float16"):
+        compute.choose("float16", training=True)

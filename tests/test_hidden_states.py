@@ -52,6 +52,22 @@ def test_transformers_backend_writes_the_layout_speculators_reads(target_dir, ta
     assert manifest["rows"] == 2 and manifest["tokens"] == 8 and manifest["files"] == 2
 
 
+
+def test_the_transformers_backend_computes_on_the_jobs_accelerator(target_dir, monkeypatch):
+    """On a GPU machine the model and every row go to the GPU (the job's device): before, it computed
+    on the CPU beside an idle GPU. Shown with torch's meta device standing in for the accelerator."""
+    from draftsmith import compute
+
+    monkeypatch.setattr(compute, "device", lambda: "meta")
+    seen = []
+
+    class Recorder:
+        def write(self, row, hidden_states, token_ids):
+            seen.append((row, hidden_states.device.type, tuple(hidden_states.shape), token_ids.device.type))
+
+    hs.extract_transformers(str(target_dir), list(enumerate(ROWS)), Recorder(), [1, 2, 3], threads=1)
+    assert seen == [(0, "meta", (5, 4, 576), "cpu"), (1, "meta", (3, 4, 576), "cpu")]
+
 @pytest.mark.parametrize("layout", ["per_row", "shards"])
 def test_rows_are_reused_only_with_the_same_token_ids_and_fingerprint(layout, tmp_path):
     store = open_store(tmp_path / "hs", FP, layout, shard_mb=1)
