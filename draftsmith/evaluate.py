@@ -163,11 +163,11 @@ def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | No
     if engine == "vllm":
         return spec_from_config(target, server_cfg, speculative_config={"method": "eagle3", "model": drafter,
                                                                        "num_speculative_tokens": k})
-    # SGLang reads the SGLang export, drafting a chain of k tokens (top-k 1).
-    return spec_from_config(target, server_cfg, engine="sglang", extra_args=[
+    # SGLang reads the SGLang export, drafting a chain of k tokens (top-k 1), after the user's SGLang flags.
+    return spec_from_config(target, server_cfg, engine="sglang", more_args=(
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{drafter}/sglang",
         "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(k + 1)])
+        "--speculative-num-draft-tokens", str(k + 1)))
 
 
 def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str) -> dict:

@@ -204,15 +204,22 @@ def tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def spec_from_config(target: Target, server_cfg: dict, **overrides) -> ServerSpec:
-    """Build a :class:`ServerSpec` for ``target`` from the config's ``server`` slice (dtype chosen on
-    this machine)."""
+def engine_args(server_cfg: dict, engine: str) -> list[str]:
+    """The user's flags for ``engine``: vLLM and SGLang spell them differently (``--tensor-parallel-size``
+    against ``--tp``), so each has its own list and neither engine ever gets the other's."""
+    return list(server_cfg.get("extra_args" if engine == "vllm" else "sglang_args", []))
+
+
+def spec_from_config(target: Target, server_cfg: dict, engine: str = "vllm", more_args: tuple[str, ...] = (),
+                     **overrides) -> ServerSpec:
+    """Build a :class:`ServerSpec` for ``target`` on ``engine`` from the config's ``server`` slice: the
+    engine's own flags, then ``more_args`` (dtype chosen on this machine)."""
     from draftsmith import compute
 
     dtype = compute.choose(server_cfg["dtype"])
     log.info("target computes in %s (%s)", dtype.dtype, dtype.reason)
     fields = {"host": server_cfg["host"], "port": server_cfg["port"], "max_model_len": server_cfg.get("max_model_len"),
-              "extra_args": list(server_cfg.get("extra_args", [])),
+              "engine": engine, "extra_args": engine_args(server_cfg, engine) + list(more_args),
               "env": {k: str(v) for k, v in server_cfg.get("env", {}).items()},
               "startup_timeout_s": server_cfg["startup_timeout_s"], "dtype": dtype.dtype}
     return ServerSpec(model=target.model, trust_remote_code=target.trust_remote_code,
@@ -221,9 +228,9 @@ def spec_from_config(target: Target, server_cfg: dict, **overrides) -> ServerSpe
 
 def generation_spec(target: Target, server_cfg: dict, generation_cfg: dict) -> ServerSpec:
     """The managed server that generates answers: ``server`` adjusted by ``generation_server``."""
-    overrides: dict = {"engine": generation_cfg["engine"]}
+    overrides: dict = {}
     if generation_cfg["extra_args"] is not None:
         overrides["extra_args"] = list(generation_cfg["extra_args"])
-    spec = spec_from_config(target, server_cfg, **overrides)
+    spec = spec_from_config(target, server_cfg, engine=generation_cfg["engine"], **overrides)
     spec.env.update({k: str(v) for k, v in generation_cfg["env"].items()})
     return spec

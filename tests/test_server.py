@@ -87,6 +87,25 @@ def test_sglang_command_and_its_limits():
                            ).command(1).count("--trust-remote-code") == 1
 
 
+def test_each_engine_gets_its_own_flags_in_evaluation_and_generation():
+    """vLLM's --tensor-parallel-size is SGLang's --tp: an 8-GPU SGLang evaluation lost its --tp when the
+    speculative flags replaced the user's, and a SGLang baseline got vLLM's flags."""
+    from draftsmith.evaluate import server_spec
+    from draftsmith.server import generation_spec
+
+    server = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "env": {}, "startup_timeout_s": 60,
+              "dtype": "bfloat16", "extra_args": ["--tensor-parallel-size", "8"], "sglang_args": ["--tp", "8"]}
+    target, evaluation = Target("m", "m", "hub"), {"num_speculative_tokens": 3}
+    for drafter in (None, "results/drafter"):
+        sglang = server_spec("sglang", target, server, drafter, evaluation).command(1)
+        assert sglang[sglang.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in sglang
+        vllm = server_spec("vllm", target, server, drafter, evaluation).command(1)
+        assert vllm[vllm.index("--tensor-parallel-size") + 1] == "8" and "--tp" not in vllm
+    assert "--speculative-algorithm" in sglang
+    generation = generation_spec(target, server, {"engine": "sglang", "extra_args": None, "env": {}}).command(1)
+    assert generation[generation.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in generation
+
+
 def test_server_dies_with_a_killed_job(tmp_path):
     """kill -9 of the job must not leave the server running (it would hold the GPUs)."""
     import os
