@@ -42,6 +42,23 @@ def machine_gpus() -> int | None:
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else None
 
 
+# The GPU stack of envs/requirements-gpu.txt: vLLM 0.32's CUDA wheels and their torch are built for
+# CUDA 13, which needs an NVIDIA driver of this major version or newer.
+GPU_STACK = "vLLM 0.32's CUDA wheels (CUDA 13)"
+MIN_DRIVER = 580
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver of this machine (``nvidia-smi``), or None where there is none to ask."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    versions = out.stdout.split()
+    return versions[0] if out.returncode == 0 and versions else None
+
+
 def _try_lock(path: Path) -> int | None:
     """An open descriptor holding ``path``'s exclusive lock, or None if another job holds it. Opened
     read-only: another user's jobs lock the same files."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from draftsmith import devices
 from draftsmith.layers import aux_layer_problem, default_aux_layers
 from draftsmith.target import Facts, Target
 
@@ -22,7 +23,7 @@ class PreflightError(ValueError):
 
 
 def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> list[str]:
-    found = [*_files(config, target, base_dir), *_secrets(config), *_lengths(config)]
+    found = [*_files(config, target, base_dir), *_secrets(config), *_lengths(config), *_gpus(config)]
     if facts is not None:
         found += _against_target(config, facts)
     return found
@@ -115,6 +116,35 @@ def _lengths(config: dict) -> list[str]:
                          "the extra norms of the speculators architecture (or set export.sglang: false)")
         if train["num_layers"] != 1:
             found.append(f"export.sglang needs train.num_layers 1 (got {train['num_layers']}), or export.sglang: false")
+    return found
+
+
+def _gpus(config: dict) -> list[str]:
+    """GPU counts that cannot run: a train job larger than a node, a trainer left on the CPU beside GPU
+    servers, a driver older than the GPU stack. Node size and driver are this machine's (nvidia-smi)
+    unless ``cluster.gpus_per_node`` says (a login node without GPUs tells nothing)."""
+    server, train = config["server"]["gpus"], config["train"]["gpus"]
+    if not server and not train:
+        return []
+    found = []
+    online = config["hidden_states"]["mode"] == "online"
+    if server and not train:
+        found.append(f"train.gpus is 0 while the target is served on server.gpus ({server}): training would run on "
+                     f"the CPU; set train.gpus" + (f" (online, the train job then asks {server} + train.gpus GPUs: "
+                                                   "the server's and the trainer's)" if online else ""))
+    node = config["cluster"]["gpus_per_node"] or devices.machine_gpus() or None
+    asked = {"server jobs (server.gpus)": server,
+             "the train job (" + ("server.gpus + train.gpus: online mode serves the target beside the trainer"
+                                  if online else "train.gpus") + ")": train + (server if online else 0)}
+    for what, count in asked.items():
+        if node is not None and count > node:
+            found.append(f"{what} ask {count} GPUs and a node has {node} (cluster.gpus_per_node, else nvidia-smi)"
+                         + ("; split the node, e.g. server.gpus 4 and train.gpus 4, or use offline mode"
+                            if online and "train" in what else ""))
+    driver = devices.driver_version()
+    if driver is not None and int(driver.split(".")[0]) < devices.MIN_DRIVER:
+        found.append(f"the NVIDIA driver here is {driver}; {devices.GPU_STACK} needs driver {devices.MIN_DRIVER} or "
+                     "newer (or install the GPU stack built for your CUDA)")
     return found
 
 

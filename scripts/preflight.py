@@ -1,4 +1,4 @@
-from draftsmith import preflight, target
+from draftsmith import devices, preflight, target
 from draftsmith.atomic import write_json
 from draftsmith.runner import base_dir, run, target_of
 
@@ -7,7 +7,8 @@ def main() -> None:
     tgt = target_of(sm)
     facts = target.facts(tgt)
     preflight.check(sm.config, tgt, base_dir(sm), facts)
-    write_json(sm.output[0], {"target": tgt.name, "facts": facts.__dict__, "problems": []})
+    write_json(sm.output[0], {"target": tgt.name, "facts": facts.__dict__, "problems": [],
+                              "nvidia_driver": devices.driver_version()})
 
 
 if __name__ == "__main__":

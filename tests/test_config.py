@@ -229,7 +229,40 @@ def test_a_target_vllms_cpu_build_cannot_serve_is_named_before_work(arch, change
     facts = Facts.from_config({**config_of(arch).to_dict(), **changes})
     found = problems_of({}, tmp_path, facts)
     assert found == [] if expected is None else (len(found) == 1 and re.search(expected, found[0])), found
-    assert problems_of({"server": {"gpus": 8}}, tmp_path, facts) == []  # GPU engines take them
+    assert problems_of({"server": {"gpus": 8}, "train": {"gpus": 1}}, tmp_path, facts) == []  # GPU engines take them
+
+
+ONLINE_ON_ONE_NODE = {"server": {"gpus": 8}, "train": {"gpus": 1}, "hidden_states": {"mode": "online"}}
+
+
+@pytest.mark.parametrize("overrides, node, expected", [
+    ({**ONLINE_ON_ONE_NODE, "cluster": {"gpus_per_node": 8}}, None,
+     r"the train job \(server.gpus \+ train.gpus: online mode serves the target beside the trainer\) ask 9 GPUs "
+     r"and a node has 8 .*split the node"),
+    (ONLINE_ON_ONE_NODE, 8, r"ask 9 GPUs and a node has 8"),  # this machine's GPUs, when nothing says
+    ({**ONLINE_ON_ONE_NODE, "server": {"gpus": 4}, "train": {"gpus": 4}}, 8, None),
+    ({"server": {"gpus": 8}}, None, r"train.gpus is 0 while the target is served on server.gpus \(8\): training "
+                                    r"would run on the CPU"),
+    ({"server": {"gpus": 16}, "train": {"gpus": 1}, "cluster": {"gpus_per_node": 8}}, None,
+     r"server jobs \(server.gpus\) ask 16 GPUs and a node has 8"),
+])
+def test_gpu_counts_a_node_cannot_hold_are_refused_before_work(overrides, node, expected, tmp_path, monkeypatch):
+    from draftsmith import devices
+
+    monkeypatch.setattr(devices, "machine_gpus", lambda: node)
+    found = problems_of(overrides, tmp_path)
+    assert (found == []) if expected is None else (len(found) == 1 and re.search(expected, found[0])), found
+
+
+def test_a_driver_older_than_the_gpu_stack_is_named_before_work(tmp_path, monkeypatch):
+    from draftsmith import devices
+
+    monkeypatch.setattr(devices, "driver_version", lambda: "550.54.15")
+    (found,) = problems_of({"server": {"gpus": 1}, "train": {"gpus": 1}}, tmp_path)
+    assert "NVIDIA driver here is 550.54.15" in found and "CUDA 13" in found and "580 or newer" in found
+    assert problems_of({}, tmp_path) == []  # a CPU run asks nothing of the driver
+    monkeypatch.setattr(devices, "driver_version", lambda: "580.65.06")
+    assert problems_of({"server": {"gpus": 1}, "train": {"gpus": 1}}, tmp_path) == []
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
