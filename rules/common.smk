@@ -1,3 +1,4 @@
+import math
 import os
 import sys
 from pathlib import Path
@@ -174,3 +175,19 @@ def manifests(wildcards=None):
 def train_gpus():
     """Online mode serves the target beside the trainer."""
     return config["train"]["gpus"] + (config["server"]["gpus"] if ONLINE else 0)
+
+
+# A GPU job is one process that holds all its GPUs (a server with --tensor-parallel-size 8, torchrun
+# starting its own ranks). snakemake-executor-plugin-slurm 2.6.1 asks --ntasks-per-gpu=1 unless told
+# otherwise (its issue 459): an 8-GPU job would become eight tasks of one GPU each.
+ONE_TASK_PER_JOB = (
+    0  # the plugin's tasks_per_gpu resource: 0 leaves --ntasks-per-gpu out
+)
+
+
+def server_runtime(work_minutes, servers=1):
+    """A server job's time limit: its work plus, per server it starts, the start-up it may wait for
+    (server.startup_timeout_s: a 1T target loads for most of an hour)."""
+    return work_minutes + servers * math.ceil(
+        config["server"]["startup_timeout_s"] / 60
+    )

@@ -13,8 +13,9 @@ rule evaluate_baseline:
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["server"]["mem_mb"],
-        runtime=12 * 60,
+        runtime=server_runtime(12 * 60),
     params:
         evaluation=BASELINE_EVALUATION,
         server=RESULT["server"],
@@ -42,8 +43,9 @@ rule evaluate:
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["server"]["mem_mb"],
-        runtime=12 * 60,
+        runtime=server_runtime(12 * 60, servers=2 if WARM_START else 1),  # one per drafter
     params:
         evaluation=RESULT["evaluation"],
         server=RESULT["server"],

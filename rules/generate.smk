@@ -16,8 +16,9 @@ rule generate:
     threads: config["server"]["threads"]
     resources:
         gpu=generation_gpus(),
+        tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["server"]["mem_mb"],
-        runtime=24 * 60,
+        runtime=server_runtime(24 * 60, servers=1 if generation_gpus() else 0),
     params:
         dataset=generation_params,
         model_name=generation_model_name(),

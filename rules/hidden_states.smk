@@ -16,8 +16,9 @@ rule hidden_states:
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["server"]["mem_mb"],
-        runtime=24 * 60,
+        runtime=server_runtime(24 * 60),
     params:
         hidden_states=RESULT["hidden_states"],
         server=RESULT["server"],

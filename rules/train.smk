@@ -62,8 +62,9 @@ rule train:
     threads: config["train"]["threads"]
     resources:
         gpu=train_gpus(),
+        tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["train"]["mem_mb"],
-        runtime=48 * 60,
+        runtime=server_runtime(48 * 60, servers=1 if ONLINE else 0),
     params:
         train=RESULT["train"],
         hidden_states=RESULT["hidden_states"],
@@ -90,8 +91,9 @@ rule export:
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["server"]["mem_mb"],
-        runtime=60,
+        runtime=server_runtime(60),
     params:
         export=RESULT["export"],
         base_model=config["target"]["base_model"],

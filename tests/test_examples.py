@@ -85,3 +85,40 @@ def test_a_worked_example_dry_runs_and_plans_before_any_gpu_time(example, workfl
     assert effective["target"] == {**yaml.safe_load(example.read_text())["target"], **effective["target"]}
     assert f"# {config}" in printed and "# default" in printed
     assert "--enforce-eager" not in printed and "VLLM_CPU" not in printed
+
+
+def planned_resources(dry_run: str) -> dict[str, dict]:
+    """Each planned rule's threads and resources, as `snakemake -n` prints them."""
+    jobs: dict[str, dict] = {}
+    for block in dry_run.split("\nrule ")[1:]:
+        rule = block.split(":", 1)[0]
+        fields = dict(line.strip().split(": ", 1) for line in block.splitlines()[1:] if ": " in line)
+        resources = dict(item.split("=", 1) for item in fields.get("resources", "").split(", ") if "=" in item)
+        jobs[rule] = {"threads": int(fields.get("threads", 1)),
+                      **{k: int(v) if v.isdigit() else v for k, v in resources.items()}}
+    return jobs
+
+
+def test_an_8_gpu_job_reaches_slurm_as_one_task_for_as_long_as_its_server_may_load(workflow, hub_cache, tmp_path):
+    """The sbatch line snakemake-executor-plugin-slurm builds for each GPU job of the Kimi-K2.5 example
+    (8-GPU servers, startup_timeout_s 3600): one task holding all its GPUs (the plugin's default
+    --ntasks-per-gpu=1 made eight 1-GPU tasks), and a time limit that covers the server's start."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    config = workflow / "config" / "examples" / "finetune.yaml"
+    proc = run(workflow, hub_cache, tmp_path, "--configfile", str(config), "-n")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = planned_resources(proc.stdout)
+    startup_min = yaml.safe_load(config.read_text())["server"]["startup_timeout_s"] / 60
+    for rule, gpus in {"hidden_states": 8, "export": 8, "evaluate_baseline": 8, "evaluate": 8, "train": 1}.items():
+        resources = jobs[rule]
+        job = SimpleNamespace(name=rule, threads=resources["threads"], resources=type("R", (dict,), {
+            "__getattr__": dict.__getitem__})(resources))
+        call = get_submit_command(job, {"run_uuid": "u", "slurm_logfile": "log", "comment_str": f"rule_{rule}",
+                                        "account": "", "partition": "", "workdir": "."}) + set_gres_string(job)
+        assert f"--gpus={gpus}" in call and "--ntasks-per-gpu" not in call and "--ntasks=" not in call, call
+        if rule != "train":  # every server job may wait an hour for its server before any work
+            assert resources["runtime"] >= 60 + startup_min, (rule, resources)
