@@ -61,15 +61,27 @@ def target_input(wildcards=None):
     return [TARGET.model] if TARGET.kind != "hub" else []
 
 
+def project_path(path):
+    """``path`` as Snakemake records it: relative when it lies in the working folder (the project), so
+    a finished project moved or mounted elsewhere has the same input sets and reruns nothing.
+    """
+    path = Path(path)
+    return (
+        str(path.relative_to(Path.cwd()))
+        if path.is_relative_to(Path.cwd())
+        else str(path)
+    )
+
+
 def gguf_input(wildcards=None):
     """A local .gguf target as prepare_target's input (a package's GGUF moves with the venv)."""
-    return [] if TARGET.source.startswith("package:") else [TARGET.source]
+    return [] if TARGET.source.startswith("package:") else [project_path(TARGET.source)]
 
 
 def local_file(source):
     """A prompt source as a job input when it is a local path (so edits rerun what reads it)."""
     path = preflight.local_source(source, BASE_DIR)
-    return [str(path)] if path is not None else []
+    return [project_path(path)] if path is not None else []
 
 
 def dataset_source(wildcards):

@@ -122,3 +122,23 @@ def test_an_8_gpu_job_reaches_slurm_as_one_task_for_as_long_as_its_server_may_lo
         assert f"--gpus={gpus}" in call and "--ntasks-per-gpu" not in call and "--ntasks=" not in call, call
         if rule != "train":  # every server job may wait an hour for its server before any work
             assert resources["runtime"] >= 60 + startup_min, (rule, resources)
+
+
+def test_a_finished_project_moved_to_another_folder_reruns_nothing(workflow, tmp_path):
+    """Inputs inside the project were recorded as absolute paths: a project copied or mounted elsewhere
+    saw "Set of input files has changed" and reran from the prompts on, training included."""
+    first = tmp_path / "first" / "project"
+    shutil.copytree(workflow, first, symlinks=True)
+    target = "results/prompts/everyday.jsonl"  # the embedded default's first job that reads the project's files
+
+    def snakemake(project: Path, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "snakemake", "-s", str(project / "Snakefile"), "-d", str(project),
+                               "--cores", "1", target, *args], capture_output=True, text=True, timeout=600)
+
+    done = snakemake(first)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    moved = tmp_path / "elsewhere" / "project"
+    shutil.copytree(first, moved, symlinks=True)
+    shutil.rmtree(first)
+    plan = snakemake(moved, "-n")
+    assert plan.returncode == 0 and "Nothing to be done" in plan.stdout + plan.stderr, plan.stdout[-3000:]
