@@ -35,13 +35,24 @@ FINAL = ("results/drafter/final.safetensors", "results/drafter/README.md", "resu
 
 @dataclass
 class JournalCount:
-    """Counts of one journal up to ``offset`` (a line cut by a kill is left for the next call)."""
+    """One journal read up to ``offset`` (a line cut by a kill is left for the next call): per prompt id
+    its latest outcome, as generation's resume reads it. A prompt retried after a failure, or answered
+    again after an edit, has several lines and counts once."""
 
     offset: int = 0
-    answered: int = 0
-    dropped: int = 0
-    completion_tokens: int = 0
-    ids: int = 0
+    latest: dict[str, list] = field(default_factory=dict)  # id -> [answered, completion tokens]
+
+    @property
+    def answered(self) -> int:
+        return sum(ok for ok, _ in self.latest.values())
+
+    @property
+    def dropped(self) -> int:
+        return len(self.latest) - self.answered
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(tokens for ok, tokens in self.latest.values() if ok)
 
 
 def count_journal(path: Path, cached: JournalCount | None) -> JournalCount:
@@ -55,9 +66,8 @@ def count_journal(path: Path, cached: JournalCount | None) -> JournalCount:
             record = json.loads(line)
         except ValueError:
             continue
-        count.answered += record.get("status") == "ok"
-        count.dropped += record.get("status") != "ok"
-        count.completion_tokens += (record.get("usage") or {}).get("completion_tokens", 0)
+        count.latest[record["id"]] = [record.get("status") == "ok",
+                                      (record.get("usage") or {}).get("completion_tokens", 0)]
     count.offset += len(complete)
     return count
 
@@ -117,7 +127,8 @@ def dataset_status(name: str, entry: dict, cache: dict) -> DatasetStatus:
         st.prompts = count_lines(prompts, cache.setdefault("lines", {}))
     journals = sorted(journals_of(JOURNAL_DIR, name), key=lambda p: p.stat().st_mtime)
     if journals:  # the newest settings; older journals belong to earlier settings
-        counted = count_journal(journals[-1], JournalCount(**cache.get("journals", {}).get(str(journals[-1]), {})))
+        cached = cache.get("journals", {}).get(str(journals[-1]))
+        counted = count_journal(journals[-1], JournalCount(**cached) if cached and "latest" in cached else None)
         cache.setdefault("journals", {})[str(journals[-1])] = asdict(counted)
         st.answered, st.dropped, st.completion_tokens = counted.answered, counted.dropped, counted.completion_tokens
     stats = Path(f"results/responses/{name}.stats.json")

@@ -32,7 +32,7 @@ def test_counts_come_from_the_journal_and_eta_from_the_running_job(run_dir):
     config = from_snakemake_args([], REPO)
     st = status.collect(config)
     everyday = next(d for d in st.datasets if d.name == "everyday")
-    assert (everyday.prompts, everyday.answered, everyday.dropped, everyday.completion_tokens) == (64, 20, 1, 210)
+    assert (everyday.prompts, everyday.answered, everyday.dropped, everyday.completion_tokens) == (64, 20, 1, 200)
     assert everyday.progress.startswith("everyday:  33%") and "22/64 [01:10<02:50]" in everyday.progress
     text = status.render(st)
     assert "everyday" in text and "results/drafter/final.safetensors" in text.split("still missing:")[1]
@@ -48,7 +48,7 @@ def test_a_journal_is_read_incrementally(run_dir, monkeypatch):
     original = status.json.loads
     monkeypatch.setattr(status.json, "loads", lambda text: seen.append(text) or original(text))
     everyday = next(d for d in status.collect(config).datasets if d.name == "everyday")
-    assert everyday.answered == 21 and everyday.completion_tokens == 215
+    assert everyday.answered == 21 and everyday.completion_tokens == 205
     journal_lines = [s for s in seen if isinstance(s, bytes)]
     assert len(journal_lines) == 1  # only the record appended since the last call was parsed
     with journal.open("a") as fh:
@@ -71,3 +71,14 @@ def test_hidden_states_and_training_progress(run_dir):
     everyday = next(d for d in st.datasets if d.name == "everyday")
     assert everyday.hidden_state_rows == 2 and everyday.hidden_state_bytes == 2**30
     assert st.training.epochs_validated == 2 and st.training.best_simulated_tau == pytest.approx(1.4)
+
+
+def test_a_prompt_journaled_twice_counts_once(run_dir):
+    """A retried failure and a prompt answered again after an edit each leave a second journal line:
+    the prompt counts once, by its latest outcome, as generation's resume reads it."""
+    journal = run_dir / "results/responses/.journal/everyday-0123456789ab.jsonl"
+    with journal.open("a") as fh:
+        fh.write(record(20, tokens=7) + record(3, tokens=12))  # p20 dropped then answered; p3 answered again
+    config = from_snakemake_args([], REPO)
+    everyday = next(d for d in status.collect(config).datasets if d.name == "everyday")
+    assert (everyday.answered, everyday.dropped, everyday.completion_tokens) == (21, 0, 20 * 10 - 10 + 12 + 7)
