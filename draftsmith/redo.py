@@ -15,13 +15,13 @@ first (``--yes`` answers for scripts; without a terminal and without ``--yes`` i
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith import spent
 from draftsmith.config import ConfigError, from_snakemake_args
 from draftsmith.generate import JOURNAL_DIR, journals_of
 
@@ -33,12 +33,12 @@ def is_dry_run(arg: str) -> bool:
     """``-n`` alone or among combined short flags (``-np``: a preview, which deleted before)."""
     return arg in DRY_RUN_FLAGS or (arg.startswith("-") and not arg.startswith("--") and "n" in arg[1:])
 
+LOG = {"hidden_states": "logs/hidden_states/{}.log", "answers": "logs/generate/{}.log"}  # the jobs' ledgers
 STAGES = {
     "hidden_states": lambda d: [Path("results/hidden_states") / d],
     "answers": lambda d: [*journals_of(JOURNAL_DIR, d), *Path("results/responses").glob(f"{d}.*")],
 }
 OUTPUT = {"hidden_states": "results/hidden_states/{}/manifest.json", "answers": "results/responses/{}.jsonl"}
-TIMING = {"hidden_states": "results/timings/hidden_states/{}.tsv", "answers": "results/timings/generate/{}.tsv"}
 
 
 class RedoRefused(SystemExit):
@@ -52,7 +52,7 @@ class Plan:
 
     paths: list[Path]
     bytes: int
-    seconds: float | None  # from Snakemake's benchmark file; None when no run finished
+    seconds: float | None  # every job's wall time (draftsmith.spent); None when none ended
 
     def describe(self) -> str:
         took = f", made in {self.seconds / 60:.1f} min" if self.seconds is not None else ""
@@ -73,19 +73,11 @@ def size(path: Path) -> int:
     return path.stat().st_size
 
 
-def seconds_spent(stage: str, dataset: str) -> float | None:
-    """Wall time of the last finished job of this stage (Snakemake's ``benchmark:`` file)."""
-    path = Path(TIMING[stage].format(dataset))
-    try:
-        with path.open() as fh:
-            return float(next(csv.DictReader(fh, delimiter="\t"))["s"])
-    except (OSError, StopIteration, KeyError, ValueError):
-        return None
-
-
 def plan(stage: str, dataset: str) -> Plan:
-    paths = [p for p in STAGES[stage](dataset) if p.exists()]
-    return Plan(paths, sum(map(size, paths)), seconds_spent(stage, dataset))
+    """The stage's files, and what every job that made them cost (their ledger goes with them)."""
+    log = LOG[stage].format(dataset)
+    paths = [p for p in [*STAGES[stage](dataset), spent.ledger(log)] if p.exists()]
+    return Plan(paths, sum(map(size, paths)), spent.total(log))
 
 
 def datasets_of(snakemake_args: list[str], workflow_dir: Path) -> list[str]:

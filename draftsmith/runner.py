@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from draftsmith import devices
+from draftsmith import devices, spent
 from draftsmith.client import RequestFailed
 from draftsmith.config import ConfigError
 from draftsmith.generate import GenerationFailed, GenerationInterrupted
@@ -48,6 +49,7 @@ def run(main: Callable[[], None], log_path: str, threads: int | None = None, gpu
                         handlers=[logging.StreamHandler(log_file)], force=True)
     for name in ("httpx", "httpx2"):  # one line per request drowns the progress (openai's client logs as httpx2)
         logging.getLogger(name).setLevel(logging.WARNING)
+    started = time.monotonic()
     try:
         with devices.for_job(gpus):
             main()
@@ -58,3 +60,5 @@ def run(main: Callable[[], None], log_path: str, threads: int | None = None, gpu
     except BaseException:
         logging.getLogger("draftsmith").exception("unexpected error")
         raise
+    finally:
+        spent.add(log_path, time.monotonic() - started)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from draftsmith import redo
+from draftsmith import redo, spent
 from tests.conftest import REPO
 
 
@@ -16,9 +16,13 @@ def work(tmp_path, monkeypatch):
     (journal / "everyday-0123456789ab.jsonl").write_text("x" * 5000)
     (tmp_path / "results" / "responses" / "everyday.jsonl").write_text("y" * 100)
     (tmp_path / "results" / "responses" / "humaneval.jsonl").write_text("z")
+    # A generation resumed twice: three jobs, the last a short one (Snakemake's benchmark holds only it).
     timings = tmp_path / "results" / "timings" / "generate"
     timings.mkdir(parents=True)
-    (timings / "everyday.tsv").write_text("s\th:m:s\n3600.5\t1:00:00\n")
+    (timings / "everyday.tsv").write_text("s\th:m:s\n240.0\t0:04:00\n")
+    monkeypatch.chdir(tmp_path)  # jobs run in the project folder
+    for seconds in (1800, 1560.5, 240):
+        spent.add("logs/generate/everyday.log", seconds)
     execs = []
     monkeypatch.setattr(os, "execv", lambda exe, args: execs.append(args))
     monkeypatch.chdir(REPO)
@@ -56,9 +60,10 @@ def test_a_typo_is_refused_before_anything_runs(work, argv, message):
 
 
 def test_hours_of_work_are_not_deleted_without_a_yes(work, monkeypatch, capsys):
+    """An hour of work over three jobs asks first, though the last job took four minutes."""
     tmp, execs = work
     monkeypatch.setattr("sys.stdin.isatty", lambda: False)
-    with pytest.raises(SystemExit, match=r"\(2 path\(s\), 5.0 KiB, made in 60.0 min\) would be deleted; add --yes"):
+    with pytest.raises(SystemExit, match=r"\(3 path\(s\), 5.0 KiB, made in 60.0 min\) would be deleted; add --yes"):
         redo.main(["answers", "everyday", "-d", str(tmp)])
     assert not execs and (tmp / "results" / "responses" / "everyday.jsonl").exists()
     redo.main(["answers", "everyday", "--yes", "-d", str(tmp)])
