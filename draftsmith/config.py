@@ -243,8 +243,51 @@ def _inline(value: Any) -> str:
     return text.removesuffix("...").strip()
 
 
+REFERENCE_HEADER = ("<!-- generated from draftsmith/schema.yaml by `python -m draftsmith.config --reference`; "
+                    "a test keeps it equal -->")
+
+
+def reference() -> str:
+    """Every key of the schema as Markdown tables, one per section: docs/configuration.md's reference."""
+    lines = [REFERENCE_HEADER, "", "Operational keys (op) say how to run, not what to compute: changing them reruns "
+             "nothing.", ""]
+    for section, schema in SCHEMA["properties"].items():
+        lines += [f"### `{section}`", ""]
+        if schema.get("description"):
+            lines += [schema["description"], ""]
+        lines += ["| key | type | default | op | meaning |", "|---|---|---|---|---|"]
+        lines += [_reference_row(key, sub) for key, sub in _leaves(schema, ())]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _leaves(schema: dict, where: tuple[str, ...]):
+    """(dotted key, schema) of every leaf; a mapping of user-named entries shows as ``<name>``."""
+    schema = _resolve(schema)
+    for name, sub in schema.get("properties", {}).items():
+        sub = _resolve(sub) if isinstance(sub, dict) else {}
+        if sub.get("type") == "object" and ("properties" in sub or isinstance(sub.get("additionalProperties"), dict)):
+            yield from _leaves(sub, (*where, name))
+        else:
+            yield ".".join((*where, name)), sub
+    if isinstance(schema.get("additionalProperties"), dict) and "properties" not in schema:
+        yield from _leaves(schema["additionalProperties"], (*where, "<name>"))
+
+
+def _reference_row(key: str, sub: dict) -> str:
+    types = sub["type"] if isinstance(sub.get("type"), list) else [sub.get("type", "any")]
+    kind = " \\| ".join(map(_inline, sub["enum"])) if sub.get("enum") else " or ".join(types)
+    default = f"`{_inline(sub['default'])}`" if "default" in sub else "required"
+    meaning = sub.get("description", "").replace("|", "\\|").replace("\n", " ")
+    return f"| `{key}` | {kind} | {default} | {'op' if sub.get('x-operational') else ''} | {meaning} |"
+
+
 def main(argv: list[str], workflow_dir: Path) -> int:
-    """Print the effective config, each value's origin in a comment; a bad config says why."""
+    """Print the effective config, each value's origin in a comment; a bad config says why.
+    ``--reference``: every key of the schema as Markdown (docs/configuration.md)."""
+    if argv == ["--reference"]:
+        print(reference())
+        return 0
     try:
         files, overrides = snakemake_layers(argv, workflow_dir)
         config = validate_config(load_layers(files, overrides))

@@ -1,6 +1,6 @@
 """Regenerate a dataset's answers with the target model: resumable, budgeted, counted, loud on failure.
 
-Semantics (documented in the README):
+Semantics (documented in docs/stages.md):
 - **Resume by content.** Each finished record is appended to a journal (flushed and fsynced every
   ``fsync_every`` records) with its prompt id and a digest of the prompt's messages. A rerun
   skips a prompt whose id *and* digest are journaled, so an edited prompt is answered again and

@@ -300,3 +300,15 @@ def test_the_config_command_prints_the_embedded_default_and_refuses_a_bad_file(t
     partial.write_text("datasets:\n  mine: {source: mine.jsonl}\n")  # sat on the demo's target before
     assert main(["--configfile", str(partial)], REPO) == 1
     assert "'target' is a required property" in capsys.readouterr().err
+
+
+def test_the_configuration_doc_holds_every_key_of_the_schema():
+    """docs/configuration.md ends with the reference the schema generates: a key added, renamed or
+    redescribed without the doc fails here (regenerate: python -m draftsmith.config --reference)."""
+    from draftsmith.config import REFERENCE_HEADER, reference
+
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    assert doc[doc.index(REFERENCE_HEADER):].rstrip() == reference().rstrip()
+    for key in ("`sglang_args`", "`gpus_per_node`", "`trust_remote_code`", "`<name>.token_budget`",
+                "`<name>.generation.max_tokens`"):
+        assert key in doc, key

@@ -1,7 +1,7 @@
 """Lint as part of the tests: ruff (the rule set in pyproject.toml), snakefmt, snakemake --lint.
 
 snakemake --lint asks every rule for a conda environment or container. The project uses one
-pinned venv instead (README, "Why one venv"), so that lint, and only that one, is accepted.
+pinned venv instead (docs/gpus-and-clusters.md, "Why one venv"), so that lint, and only that one, is accepted.
 """
 
 import re
