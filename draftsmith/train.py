@@ -45,10 +45,35 @@ class TrainingInterrupted(RuntimeError):
     pass
 
 
+# The speculators releases this module's patches of its trainer were written against (read from their
+# source). In another release a patch may miss what it patches, and a missed patch does not fail: it
+# trains differently (a head left frozen, ranks that stop apart).
+SPECULATORS_VERSIONS = ("0.9.0",)
+
+
+class SpeculatorsVersionError(ValueError):
+    pass
+
+
+def check_speculators() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("speculators")
+    except PackageNotFoundError:
+        raise SpeculatorsVersionError("speculators is not installed (envs/requirements-*.txt pin it)") from None
+    if found not in SPECULATORS_VERSIONS:
+        raise SpeculatorsVersionError(
+            f"speculators {found} is installed, and draftsmith's patches of its trainer (draftsmith/train.py) were "
+            f"written for {', '.join(SPECULATORS_VERSIONS)}: install that (envs/requirements-*.txt pin it), or check "
+            f"the patches against {found} and add it to SPECULATORS_VERSIONS")
+
+
 def adapt_for_cpu() -> bool:
     """Patch speculators' trainer for a machine without an accelerator; return whether it did."""
     import torch
 
+    check_speculators()
     if torch.accelerator.is_available():
         return False
     from speculators.train import checkpointer, cli, trainer
@@ -395,6 +420,7 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
 
     Raises :class:`TrainingInterrupted` after a graceful stop (the checkpoint is made resumable).
     """
+    check_speculators()
     from speculators.train import cli, trainer
     from speculators.train.config import TrainConfig
 

@@ -84,6 +84,17 @@ def test_a_graceful_stop_leaves_a_checkpoint_speculators_resumes(tmp_path):
     assert SingleGPUCheckpointer(tmp_path).previous_epoch == 1  # speculators resumes from it, mid-epoch
 
 
+def test_a_speculators_release_the_patches_were_not_written_for_is_refused(monkeypatch):
+    import importlib.metadata
+
+    assert tr.adapt_for_cpu() is True  # the pinned release passes
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.0")
+    with pytest.raises(tr.SpeculatorsVersionError, match=r"speculators 0.10.0 is installed.*written for 0.9.0"):
+        tr.adapt_for_cpu()
+    with pytest.raises(tr.SpeculatorsVersionError, match=r"speculators 0\.10\.0"):
+        tr.train([], None)
+
+
 def test_cpu_adaptation_redirects_the_trainer():
     from speculators.train import checkpointer, trainer
 
