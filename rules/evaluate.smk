@@ -114,5 +114,6 @@ rule model_card:
         base_model=BASE_MODEL,
         config_digest=CONFIG_DIGEST,
         train=RESULT["train"],
+        datasets=RESULT["datasets"],
     script:
         "../scripts/model_card.py"

@@ -36,7 +36,7 @@ def main() -> None:
     write_json(sm.output.results, {"target": model, "engine": cfg["engine"], "drafters": drafters,
                                    "compute": compute.choose(server_cfg["dtype"]).as_dict(),
                                    "runs": list(runs.values()), "max_tokens": cfg["max_tokens"],
-                                   "seeded_sampling": seeded,
+                                   "seeded_sampling": seeded, "on_accelerator": compute.has_accelerator(),
                                    "concurrency": concurrency, "num_speculative_tokens": cfg["num_speculative_tokens"]})
 
 

@@ -14,7 +14,7 @@ def main() -> None:
     not_exported = Path(sm.input.sglang) / "NOT_EXPORTED.txt"
     inputs = CardInputs(
         base_model=sm.params.base_model, config_digest=sm.params.config_digest,
-        datasets=sorted(load(sm.input.merge)["datasets"]), results=load(sm.input.results),
+        datasets=sm.params.datasets, results=load(sm.input.results),
         training=load(sm.input.training), merge=load(sm.input.merge),
         prompts={Path(p).name.removesuffix(".stats.json"): load(p) for p in sm.input.prompts},
         train_config=sm.params.train,

@@ -55,6 +55,11 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "| everyday | 9 | 1 | 6 | 1 | 0 | 1 | 1.0 | 5 | 1 | 150 |" in text
     assert "everyday/bench-1" in text
     assert png.read_bytes()[:4] == train_png.read_bytes()[:4] == b"\x89PNG"
+    assert "Measured on a CPU" in text  # results without on_accelerator: a CPU run
+    on_gpus = Inputs({**RESULTS, "on_accelerator": True}, GENERATION, PROMPTS, MERGE, VOCAB,
+                     {**TRAINING, "on_cpu": False}, GATE)
+    write_report(on_gpus, md, png, train_png, tsv)
+    assert "CPU" not in md.read_text()  # a GPU run's report says nothing of CPUs
 
 
 def test_the_model_card_is_what_the_hub_shows(tmp_path):
@@ -63,15 +68,26 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path):
     from draftsmith.model_card import CardInputs, card
 
     train_config = {"num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001, "optimizer": "muon",
-                    "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024}
+                    "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024,
+                    "loss_fn": "lk_hybrid", "train_lm_head": True}
+    datasets = {"everyday": {"source": "config/prompts/everyday.jsonl", "weight": 1.0,
+                             "generation": {"temperature": 0.6, "max_tokens": 8192}},
+                "ultrachat": {"source": "hf:HuggingFaceH4/ultrachat_200k@train_sft", "weight": 0.5,
+                              "generation": {"temperature": 0.0, "max_tokens": 512}}}
+    merge = {"datasets": {**MERGE["datasets"], "ultrachat": {**MERGE["datasets"]["everyday"], "weight": 0.5}}}
     text = card(CardInputs(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", config_digest="0123abcd",
-                           datasets=["everyday"], results=RESULTS, training=TRAINING, merge=MERGE, prompts=PROMPTS,
+                           datasets=datasets, results=RESULTS, training=TRAINING, merge=merge, prompts=PROMPTS,
                            train_config=train_config, sglang_reason="not exported: norm_before_residual=true"))
     meta = yaml.safe_load(text.split("---\n")[1])
-    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and meta["datasets"] == ["everyday"]
+    # The hub links datasets by their hub ids: a local file's name ("everyday") is none.
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["datasets"] == ["HuggingFaceH4/ultrachat_200k"]
+    assert "| everyday | `config/prompts/everyday.jsonl` | T 0.6, max 8192 tokens | 6 | 1 / 1 | 1 | 5 | 1 | 150 |" \
+        in text
+    assert "| ultrachat | `HuggingFaceH4/ultrachat_200k` | T 0, max 512 tokens |" in text and "| 0.5 |" in text
+    assert "loss `lk_hybrid`" in text and "draft LM head trained" in text
     assert "eagle3" in meta["tags"] and meta["license_name"] == "same-as-base-model"
     assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config" in text
     assert "no SGLang export was written (not exported: norm_before_residual=true)" in text
     assert "| everyday | 3 | 0 | 1.234 | 0.20, 0.03, 0.00 |" in text and "| everyday | 3 | 1 | 1.200 |" in text
-    assert "| everyday | 6 | 1 / 1 | 5 | 1 | 150 |" in text
     assert "Config digest: `0123abcd`" in text and "Exported epoch 1" in text
