@@ -13,6 +13,11 @@ Layouts (``hidden_states.layout``):
   ``index.jsonl`` (rows, token-id digests, fingerprint, bytes, sha256 per shard). Millions of
   small files hurt every shared filesystem; shards keep the file count in the thousands.
 
+Storage (``hidden_states.storage``): ``bf16`` as computed, or ``fp8`` (float8_e4m3fn, one float32
+scale per token and stored layer in ``hidden_states_scale``: the largest magnitude maps to 448),
+about half the bytes. Files are self-describing: a reader dequantizes where it finds a scale, and
+the storage is part of the fingerprint, so a store written in one is never reused as the other.
+
 Both are written atomically (temporary name, fsync, rename; an index line only after its shard is
 in place), so a kill loses at most the rows not yet in a file. Training reads either layout through
 :class:`ShardTransfer`, a speculators ``HiddenStatesTransfer`` registered as the ``draftsmith``
@@ -38,11 +43,41 @@ from draftsmith.digest import file_sha256, ids_digest, json_digest
 
 FINGERPRINT_KEY = "draftsmith_fingerprint"
 STORED_DTYPE = torch.bfloat16  # whatever the target computed in (see draftsmith.compute)
+STORAGES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn, a float32 scale per token and layer"}
+SCALE = "hidden_states_scale"
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 
 
-def fingerprint(target: dict, aux_layers: list[int], final_layer: int, backend: str) -> str:
+def fingerprint(target: dict, aux_layers: list[int], final_layer: int, backend: str, storage: str = "bf16") -> str:
     return json_digest({"target": target, "layers": [*aux_layers, final_layer], "backend": backend,
-                        "dtype": str(STORED_DTYPE).removeprefix("torch.")})
+                        "dtype": STORAGES[storage]})
+
+
+def encode(hidden_states: torch.Tensor, storage: str) -> dict[str, torch.Tensor]:
+    """The tensors that store ``hidden_states`` ``[seq, layers, hidden]`` (on their device)."""
+    if storage == "bf16":
+        return {"hidden_states": hidden_states.to(STORED_DTYPE).contiguous()}
+    if storage != "fp8":
+        raise ValueError(f"unknown hidden-state storage {storage!r}; use one of {', '.join(STORAGES)}")
+    values = hidden_states.float()
+    scale = values.abs().amax(dim=-1).clamp(min=torch.finfo(torch.float32).tiny) / FP8_MAX
+    return {"hidden_states": (values / scale[..., None]).to(torch.float8_e4m3fn).contiguous(),
+            SCALE: scale.contiguous()}
+
+
+def decode(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """bf16 hidden states from what :func:`encode` stored (``scale`` None: stored as bf16)."""
+    if scale is None:
+        return stored
+    return (stored.float() * scale[..., None]).to(STORED_DTYPE)
+
+
+def _read(fh, prefix: str = "", keys: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """A row's states (dequantized) and token ids from an open safetensors file (``keys``: its tensor
+    names, when the caller keeps them)."""
+    scale = fh.get_tensor(prefix + SCALE) if prefix + SCALE in (keys or set(fh.keys())) else None
+    return {"hidden_states": decode(fh.get_tensor(prefix + "hidden_states"), scale),
+            "token_ids": fh.get_tensor(prefix + "token_ids")}
 
 
 class HiddenStateStore(ABC):
@@ -50,9 +85,10 @@ class HiddenStateStore(ABC):
 
     layout: str
 
-    def __init__(self, folder: Path, fingerprint: str):
+    def __init__(self, folder: Path, fingerprint: str, storage: str = "bf16"):
         self.folder = folder
         self.fingerprint = fingerprint
+        self.storage = storage  # how its writer stores; its files say how they were stored
         folder.mkdir(parents=True, exist_ok=True)
 
     @abstractmethod
@@ -124,9 +160,8 @@ class PerRowStore(HiddenStateStore):
         return _RowWriter(self)
 
     def read(self, row: int) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
-
-        return load_file(self.path(row))
+        with safe_open(self.path(row), framework="pt") as fh:
+            return _read(fh)
 
     def locations(self, rows: list[int]) -> list[tuple[str, str]]:
         return [(str(self.path(r)), "") for r in rows]
@@ -159,8 +194,7 @@ class _RowWriter(Writer):
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
         dest = self.store.path(row)
         tmp = dest.with_suffix(".partial")
-        save_file({"hidden_states": hidden_states.to(STORED_DTYPE).contiguous(),
-                   "token_ids": token_ids.to(torch.int64).contiguous()},
+        save_file({**encode(hidden_states, self.store.storage), "token_ids": token_ids.to(torch.int64).contiguous()},
                   str(tmp), metadata={FINGERPRINT_KEY: self.store.fingerprint})
         _fsync_replace(tmp, dest)
 
@@ -170,8 +204,8 @@ class _RowWriter(Writer):
 class ShardStore(HiddenStateStore):
     layout = "shards"
 
-    def __init__(self, folder: Path, fingerprint: str, shard_mb: int = 1024):
-        super().__init__(folder, fingerprint)
+    def __init__(self, folder: Path, fingerprint: str, shard_mb: int = 1024, storage: str = "bf16"):
+        super().__init__(folder, fingerprint, storage)
         self.shard_bytes = shard_mb * 2**20
         self.index_path = folder / "index.jsonl"
         (folder / "shards").mkdir(exist_ok=True)
@@ -209,8 +243,7 @@ class ShardStore(HiddenStateStore):
     def read(self, row: int) -> dict[str, torch.Tensor]:
         shard, _ = self._current()[row]
         with safe_open(self.folder / "shards" / shard, framework="pt") as fh:
-            return {"hidden_states": fh.get_tensor(f"{row}.hidden_states"),
-                    "token_ids": fh.get_tensor(f"{row}.token_ids")}
+            return _read(fh, f"{row}.")
 
     def locations(self, rows: list[int]) -> list[tuple[str, str]]:
         current = self._current()
@@ -268,11 +301,12 @@ class _ShardWriter(Writer):
 
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
         ids = token_ids.to("cpu", torch.int64).contiguous()
-        hidden_states = hidden_states.to(STORED_DTYPE).to("cpu").contiguous()  # a shard gathers in host memory
-        self.tensors[f"{row}.hidden_states"] = hidden_states
+        stored = {name: tensor.to("cpu") for name, tensor in  # a shard gathers in host memory
+                  encode(hidden_states, self.store.storage).items()}
+        self.tensors.update({f"{row}.{name}": tensor for name, tensor in stored.items()})
         self.tensors[f"{row}.token_ids"] = ids
         self.rows[str(row)] = ids_digest(ids.tolist())
-        self.bytes += hidden_states.numel() * hidden_states.element_size() + ids.numel() * 8
+        self.bytes += sum(t.numel() * t.element_size() for t in stored.values()) + ids.numel() * 8
         if self.bytes >= self.store.shard_bytes:
             self.flush()
 
@@ -297,11 +331,12 @@ class _ShardWriter(Writer):
         self.flush()
 
 
-def open_store(folder: Path, fingerprint_: str, layout: str, shard_mb: int = 1024) -> HiddenStateStore:
+def open_store(folder: Path, fingerprint_: str, layout: str, shard_mb: int = 1024,
+               storage: str = "bf16") -> HiddenStateStore:
     if layout == "per_row":
-        return PerRowStore(folder, fingerprint_)
+        return PerRowStore(folder, fingerprint_, storage)
     if layout == "shards":
-        return ShardStore(folder, fingerprint_, shard_mb)
+        return ShardStore(folder, fingerprint_, shard_mb, storage)
     raise ValueError(f"unknown hidden-state layout {layout!r}")
 
 
@@ -329,10 +364,12 @@ class ShardTransfer(HiddenStatesTransfer):
         return {"data_path": self.data_path, "max_open": self.max_open, "_locations": None, "_open": OrderedDict()}
 
     def _handle(self, path: str):
+        """An open file and its tensor names (a shard holds thousands: looked up once)."""
         if path not in self._open:
             if len(self._open) >= self.max_open:
                 self._open.popitem(last=False)
-            self._open[path] = safe_open(path, framework="pt")
+            fh = safe_open(path, framework="pt")
+            self._open[path] = (fh, set(fh.keys()))
         self._open.move_to_end(path)
         return self._open[path]
 
@@ -340,9 +377,8 @@ class ShardTransfer(HiddenStatesTransfer):
         if self._locations is None:
             self._locations = json.loads((self.data_path / INDEX_NAME).read_text())
         rel, prefix = self._locations[file_idx]
-        fh = self._handle(str(self.data_path / rel))
-        return {"hidden_states": fh.get_tensor(f"{prefix}hidden_states"),
-                "token_ids": fh.get_tensor(f"{prefix}token_ids")}
+        fh, keys = self._handle(str(self.data_path / rel))
+        return _read(fh, prefix, keys)
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> dict[str, torch.Tensor] | None:
         raise RuntimeError("offline hidden states: nothing is generated while training")

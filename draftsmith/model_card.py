@@ -99,11 +99,15 @@ def recipe(inputs: CardInputs) -> list[str]:
     chosen = tr.get("chosen", {})
     epoch = chosen.get("epoch")
     head = "trained" if t["train_lm_head"] else "frozen (the target's)"
+    storage = tr["hidden_states"].get("storage")
+    stored = f", their hidden states stored in {storage}" if storage else ", hidden states online (never stored)" \
+        if tr["hidden_states"].get("mode") == "online" else ""
     return ["## Recipe", "",
             f"speculators EAGLE-3, {t['num_layers']} draft layer(s), `{t['architecture']}` architecture, "
             f"{t['epochs']} epochs, lr {t['lr']}, {t['optimizer']}, {t['scheduler']} schedule, TTT {t['ttt_steps']} "
             f"steps (decay {t['ttt_step_loss_decay']}), sequence length {t['total_seq_len']}, loss `{t['loss_fn']}`, "
-            f"draft LM head {head}; target layers {tr['hidden_states']['aux_layers']}; "
+            f"draft LM head {head}; target layers {tr['hidden_states']['aux_layers']}"
+            f"{stored}; "
             + ("warm start from `" + tr["warm_start"]["source"] + "`" if tr.get("warm_start") else "from scratch")
             + f". Exported epoch {epoch + 1 if epoch is not None else '–'} ({chosen.get('reason', '–')}).",
             "", f"Config digest: `{inputs.config_digest}` (what the results depend on; operational settings "

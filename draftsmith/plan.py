@@ -35,15 +35,18 @@ class DatasetPlan:
     sequence_tokens: float = 0.0
 
 
-def bytes_per_token(hidden_size: int, slots: int = 4) -> int:
-    """(3 auxiliary + 1 final) layers x hidden x bf16, plus the int64 token id."""
+def bytes_per_token(hidden_size: int, slots: int = 4, storage: str = "bf16") -> int:
+    """(3 auxiliary + 1 final) layers x hidden in ``storage`` (bf16: 2 bytes; fp8: 1, plus a float32
+    scale per layer), plus the int64 token id."""
+    if storage == "fp8":
+        return slots * (hidden_size + 4) + 8
     return slots * hidden_size * BYTES_PER_VALUE + 8
 
 
-def hidden_state_bytes(tokens: float, facts: Facts, layout: str, rows: float) -> float:
+def hidden_state_bytes(tokens: float, facts: Facts, layout: str, rows: float, storage: str = "bf16") -> float:
     """Offline storage, with file overhead (a safetensors header per file; shards share theirs)."""
     overhead = 4096 * rows if layout == "per_row" else 0
-    return tokens * bytes_per_token(facts.hidden_size) + overhead
+    return tokens * bytes_per_token(facts.hidden_size, storage=storage) + overhead
 
 
 def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:
@@ -134,20 +137,23 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
     completion = sum(p.completion_tokens for p in plans)
     sequence = sum(p.sequence_tokens for p in plans)
     rows = sum(p.samples for p in plans)
-    layouts = {layout: hidden_state_bytes(sequence, facts, layout, rows) for layout in ("shards", "per_row")}
+    storage = hs_cfg["storage"]
+    layouts = {layout: hidden_state_bytes(sequence, facts, layout, rows, storage) for layout in ("shards", "per_row")}
     need = 0.0 if hs_cfg["mode"] == "online" else layouts[hs_cfg["layout"]]
     fits = need <= 0.95 * free_bytes
+    in_fp8 = hidden_state_bytes(sequence, facts, hs_cfg["layout"], rows, "fp8")
     cost = config["plan"]["gpu_hour_cost"]
     lines = ["# draftsmith plan", "",
              f"Target: {facts.num_layers} layers, hidden size {facts.hidden_size}, vocabulary {facts.vocab_size}. "
-             f"Hidden states **{hs_cfg['mode']}**" + ("" if hs_cfg["mode"] == "online" else f" ({hs_cfg['layout']})")
+             f"Hidden states **{hs_cfg['mode']}**"
+             + ("" if hs_cfg["mode"] == "online" else f" ({hs_cfg['layout']}, {storage})")
              + f"; {train['epochs']} training epochs.", "",
              "| dataset | prompts | samples | completion tokens / sample | completion tokens | sequence tokens | "
-             "hidden states (shards) |", "|---|---:|---:|---|---:|---:|---:|"]
+             f"hidden states (shards, {storage}) |", "|---|---:|---:|---|---:|---:|---:|"]
     for p in plans:
         lines.append(f"| {p.name} | {p.prompts:,} | {p.samples:,.0f} | {p.completion_per_sample:,.0f} "
                      f"({p.completion_source}) | {p.completion_tokens:,.0f} | {p.sequence_tokens:,.0f} | "
-                     f"{_tb(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.samples))} |")
+                     f"{_tb(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.samples, storage))} |")
     lines += ["", "| stage | work | throughput | time | GPU-hours cost |", "|---|---|---|---:|---:|"]
     stages = [("generate", completion, "completion tokens", throughput.generation_tok_s, "generation_tok_s",
                config["server"]["gpus"]),
@@ -162,16 +168,25 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
         lines.append(f"| {name} | {work:,.0f} {unit} | {f'{rate:,.0f} tok/s' if rate else 'unknown'} ({source}) | "
                      f"{_hours(work, rate)} | {money} |")
     lines += ["", "## Disk", "",
-              f"- Hidden states, offline: **{_tb(layouts['shards'])}** in shards, {_tb(layouts['per_row'])} one file "
-              f"per row ({rows:,.0f} files); online: nothing stored.",
+              f"- Hidden states, offline in {storage}: **{_tb(layouts['shards'])}** in shards, "
+              f"{_tb(layouts['per_row'])} one file per row ({rows:,.0f} files)"
+              + ("" if storage == "fp8" else f"; in fp8: {_tb(in_fp8)} ({hs_cfg['layout']})")
+              + "; online: nothing stored.",
               f"- Free where the results go: {_tb(free_bytes)} ({free_source}).",
               f"- This config needs {_tb(need)}: " + ("it fits." if fits else "**it does not fit.**")]
+    if not fits and storage == "bf16":
+        fp8_rows = rows * 0.95 * free_bytes / in_fp8
+        lines.append(f"- In fp8 (`hidden_states: {{storage: fp8}}`: a float32 scale per token and layer, dequantized "
+                     f"when training reads it) it needs {_tb(in_fp8)}: "
+                     + ("**it fits.**" if fp8_rows >= rows else
+                        f"about {fp8_rows:,.0f} of the {rows:,.0f} rows fit, not enough for this config either."))
     if not fits:
         lines.append(f"- Use `hidden_states: {{mode: online}}` (nothing stored; the train job serves the target), or "
                      f"a volume with {_tb(need / 0.95)} free, or fewer samples "
                      f"(about {rows * 0.95 * free_bytes / need:,.0f} fit).")
     plan = {"completion_tokens": completion, "sequence_tokens": sequence, "rows": rows,
-            "hidden_state_bytes": layouts, "needed_bytes": need, "free_bytes": free_bytes, "fits": fits,
+            "storage": storage, "hidden_state_bytes": layouts, "fp8_bytes": in_fp8, "needed_bytes": need,
+            "free_bytes": free_bytes, "fits": fits,
             "datasets": {p.name: p.__dict__ for p in plans}}
     return "\n".join(lines) + "\n", plan
 

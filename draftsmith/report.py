@@ -135,7 +135,9 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     chosen = training.get("chosen", {})
     hs = training.get("hidden_states", {})
     warm = training.get("warm_start")
-    layout = f" ({hs.get('layout')} layout)" if hs.get("layout") else ""
+    stored = {"fp8": ", stored in fp8 with a scale per token and layer", "bf16": ", stored in bf16"}.get(
+        hs.get("storage"), "")  # runs from before storage was a choice stored bf16, unsaid
+    layout = f" ({hs.get('layout')} layout{stored})" if hs.get("layout") else ""
     start = f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."
     exported = chosen["epoch"] + 1 if chosen.get("epoch") is not None else None
     lines = ["## Drafter training", "",

@@ -20,8 +20,8 @@ def main() -> None:
     folder = Path(sm.output.manifest).parent
     aux = choose_aux_layers(cfg["aux_layers"], facts.num_layers,
                                Path(sm.input.pretrained[0]) if sm.input.pretrained else None)
-    store = open_store(folder, fingerprint(target.fingerprint(tgt), aux, facts.num_layers, cfg["backend"]),
-                       cfg["layout"], cfg["shard_mb"])
+    store = open_store(folder, fingerprint(target.fingerprint(tgt), aux, facts.num_layers, cfg["backend"],
+                                           cfg["storage"]), cfg["layout"], cfg["shard_mb"], cfg["storage"])
     freed = store.purge_stale()
     if freed:
         log.info("deleted %.1f MiB of hidden states made with other settings", freed / 2**20)
@@ -33,8 +33,9 @@ def main() -> None:
     todo = [(i, ids) for i, ids in enumerate(rows) if i not in done]
     log.info("%d of %d rows need hidden states (layers %s + final %d, %s layout)", len(todo), len(rows), aux,
              facts.num_layers, store.layout)
-    per_token = bytes_per_token(facts.hidden_size, len(aux) + 1)
-    hs.check_disk(folder, per_token * sum(len(t) for _, t in todo))
+    per_token = bytes_per_token(facts.hidden_size, len(aux) + 1)  # as the server stages a row: bf16
+    stored = bytes_per_token(facts.hidden_size, len(aux) + 1, cfg["storage"])
+    hs.check_disk(folder, stored * sum(len(t) for _, t in todo))
     dtype = compute.choose(sm.config["server"]["dtype"])
     failed: dict[int, str] = {}
     if todo and cfg["backend"] == "transformers":
@@ -52,6 +53,7 @@ def main() -> None:
     hs.check_failures(failed, len(rows), ops["max_error_fraction"], folder / "failures.json")
     manifest = hs.write_manifest(store, rows, Path(sm.output.manifest), failed, backend=cfg["backend"],
                                  aux_layers=aux, final_layer=facts.num_layers, hidden_size=facts.hidden_size,
+                                 storage=cfg["storage"],
                                  compute=dtype.as_dict())
     log.info("%s", {k: v for k, v in manifest.items() if k != "shards"})
 

@@ -48,7 +48,8 @@ def main() -> None:
     pretrained = Path(sm.input.pretrained[0]).parent if sm.input.pretrained else None
     aux = choose_aux_layers(hs_cfg["aux_layers"], facts.num_layers,
                                pretrained / "check.json" if pretrained else None)
-    states = fingerprint(target.fingerprint(tgt), aux, facts.num_layers, "vllm" if online else hs_cfg["backend"])
+    states = fingerprint(target.fingerprint(tgt), aux, facts.num_layers, "vllm" if online else hs_cfg["backend"],
+                         "bf16" if online else hs_cfg["storage"])
     by_dataset, failed = stores(sm.input.manifests) if not online else ({}, set())
     table = pq.read_table(merged, columns=["dataset", "source_row", "split", "seq_len"]).to_pylist()
     keep = [i for i, r in enumerate(table) if (r["dataset"], r["source_row"]) not in failed]
@@ -98,7 +99,8 @@ def main() -> None:
         "run_key": key, "checkpoint": str(checkpoint), "chosen": choice, "rows": rows, "on_cpu": on_cpu,
         "rows_without_hidden_states": len(table) - len(keep), "compute": dtype.as_dict(),
         "trained_tokens": trained_tokens,
-        "hidden_states": {"mode": hs_cfg["mode"], "layout": None if online else hs_cfg["layout"], "aux_layers": aux},
+        "hidden_states": {"mode": hs_cfg["mode"], "layout": None if online else hs_cfg["layout"],
+                          "storage": None if online else hs_cfg["storage"], "aux_layers": aux},
         "warm_start": json.loads((pretrained / "check.json").read_text()) if pretrained else None,
         "speculators_argv": argv, "validation": validation})
     log.info("exporting epoch %s: %s", choice["epoch"], choice["reason"])

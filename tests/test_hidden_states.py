@@ -217,3 +217,53 @@ def test_states_computed_in_fp32_are_stored_in_bf16(layout, tmp_path):
     with store.writer() as writer:
         writer.write(0, torch.full((5, 4, 576), 0.5, dtype=torch.float32), torch.tensor(ROWS[0]))
     assert store.read(0)["hidden_states"].dtype == torch.bfloat16
+
+
+FP8 = fingerprint({"config": "c", "weights": "w"}, [2, 15, 27], 30, "vllm", "fp8")
+
+
+def realistic_states(tokens: int, hidden: int = 576, seed: int = 0) -> torch.Tensor:
+    """States shaped like a target's: most values small, a few outlier channels much larger."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(tokens, 4, hidden, generator=generator)
+    values[..., :4] *= 50  # the massive activations real residual streams carry in a few channels
+    return values.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("layout", ["per_row", "shards"])
+def test_fp8_storage_round_trips_within_its_precision_per_token(layout, tmp_path):
+    """Quantize, store, read back as the trainer does: every token and layer within fp8's precision
+    (3 mantissa bits: relative error ≤ 2^-4 of the row's largest value), at about half the bytes."""
+    original = realistic_states(len(ROWS[0]))
+    stores = {storage: open_store(tmp_path / storage, FP8 if storage == "fp8" else FP, layout, 1, storage)
+              for storage in ("bf16", "fp8")}
+    for store in stores.values():
+        with store.writer() as writer:
+            writer.write(0, original, torch.tensor(ROWS[0]))
+    data = tmp_path / "train"
+    data.mkdir()
+    write_locations(data, stores["fp8"].locations([0]))
+    for back in (stores["fp8"].read(0)["hidden_states"], ShardTransfer(data).get_cached(0)["hidden_states"]):
+        assert back.dtype == torch.bfloat16 and back.shape == original.shape
+        error = (back.float() - original.float()).abs().amax(dim=-1)
+        assert (error <= original.float().abs().amax(dim=-1) * 2**-4).all()
+    sizes = {s: store.describe()["bytes"] for s, store in stores.items()}
+    assert sizes["fp8"] < 0.56 * sizes["bf16"], sizes  # a 5-token row: the file header weighs in too
+    assert stores["bf16"].read(0)["hidden_states"].equal(original)  # bf16 is stored as computed
+
+
+def test_a_change_of_storage_re_extracts_and_a_damaged_fp8_shard_is_named(tmp_path):
+    fp8 = ShardStore(tmp_path / "hs", FP8, shard_mb=1, storage="fp8")
+    with fp8.writer() as writer:
+        for i, ids in enumerate(ROWS):
+            writer.write(i, realistic_states(len(ids), seed=i), torch.tensor(ids))
+    assert fp8.done(ROWS) == {0, 1}
+    assert ShardStore(tmp_path / "hs", FP, shard_mb=1).done(ROWS) == set()  # bf16 never reads fp8 rows as its own
+    assert fingerprint({"config": "c", "weights": "w"}, [2, 15, 27], 30, "vllm", "bf16") == FP  # bf16 stores kept
+    fp8.verify()
+    shard = next((tmp_path / "hs" / "shards").glob("shard_*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(OSError, match=f"{shard.name}: does not match its index entry"):
+        fp8.verify()

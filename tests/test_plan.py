@@ -39,6 +39,16 @@ def test_the_worked_example_lands_near_the_hand_estimate_and_does_not_fit(tmp_pa
     assert "hidden_states: {mode: online}" in markdown and "about 11,313 fit" in markdown
     assert "| generate | 102,400,000 completion tokens | 6,000 tok/s (configured) | 4.7 h | 95 |" in markdown
     assert "| train | 530,750,000 sequence tokens x epochs | 30,000 tok/s (configured) | 4.9 h | 12 |" in markdown
+    # fp8 storage: half the bytes (a float32 scale per token and layer on top), still above 2.9 TB here.
+    assert data["fp8_bytes"] == pytest.approx(25_000 * (4096 + 150) * (4 * (7168 + 4) + 8), rel=1e-6)
+    assert 0.50 < data["fp8_bytes"] / data["needed_bytes"] < 0.51
+    assert "in fp8: 3.05 TB" in markdown and "about 22,611 of the 25,000 rows fit, not enough" in markdown, markdown
+    # On a 3.5 TB volume fp8 fits where bf16 does not.
+    markdown, data = plan.render([ds], KIMI, config, throughput, 3.5e12, "plan.free_tb")
+    assert not data["fits"] and "it needs 3.05 TB (2.77 TiB): **it fits.**" in markdown
+    config["hidden_states"]["storage"] = "fp8"
+    markdown, data = plan.render([ds], KIMI, config, throughput, 3.5e12, "plan.free_tb")
+    assert data["fits"] and data["needed_bytes"] == data["fp8_bytes"] and "(shards, fp8)" in markdown
 
 
 def test_a_budget_and_measured_answers_refine_the_estimate(tmp_path):

@@ -60,6 +60,9 @@ def test_report_shows_every_stage_with_plots(tmp_path):
                      {**TRAINING, "on_cpu": False}, GATE)
     write_report(on_gpus, md, png, train_png, tsv)
     assert "CPU" not in md.read_text()  # a GPU run's report says nothing of CPUs
+    fp8 = {**TRAINING, "hidden_states": {"mode": "offline", "layout": "shards", "storage": "fp8", "aux_layers": [1]}}
+    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, fp8, GATE), md, png, train_png, tsv)
+    assert "(shards layout, stored in fp8 with a scale per token and layer)" in md.read_text()
 
 
 def test_the_model_card_is_what_the_hub_shows(tmp_path):
@@ -86,6 +89,13 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path):
         in text
     assert "| ultrachat | `HuggingFaceH4/ultrachat_200k` | T 0, max 512 tokens |" in text and "| 0.5 |" in text
     assert "loss `lk_hybrid`" in text and "draft LM head trained" in text
+    assert "hidden states online (never stored)" in text
+    offline = {**TRAINING, "hidden_states": {"mode": "offline", "layout": "shards", "storage": "fp8",
+                                             "aux_layers": [2, 15, 27]}}
+    offline_card = card(CardInputs(base_model="m", config_digest="0", datasets=datasets, results=RESULTS,
+                                   training=offline, merge=merge, prompts=PROMPTS, train_config=train_config,
+                                   sglang_reason=None))
+    assert "their hidden states stored in fp8" in offline_card
     assert "eagle3" in meta["tags"] and meta["license_name"] == "same-as-base-model"
     assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config" in text
     assert "no SGLang export was written (not exported: norm_before_residual=true)" in text

@@ -127,3 +127,25 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     assert abs(one[-1]["full_acc_0_epoch"] - ranks[-1]["full_acc_0_epoch"]) < 0.2, (one[-1], ranks[-1])
     summary = json.loads((work / "results" / "train" / "training.json").read_text())
     assert summary["rows"] == json.loads((workdir / "results" / "train" / "training.json").read_text())["rows"]
+
+
+def test_hidden_states_stored_in_fp8_train_and_pass_the_gate(workdir, tmp_path):
+    """hidden_states.storage fp8: the store is written again in fp8 (a change of storage re-extracts;
+    the transformers backend here, to spare two vLLM starts), training reads it dequantized, and the
+    exported drafter passes the gate."""
+    def fp8(cfg):
+        cfg["hidden_states"].update(storage="fp8", backend="transformers")
+        cfg["train"]["epochs"] = 2
+
+    work = tmp_path / "fp8"
+    shutil.copytree(workdir, work, symlinks=True)
+    run_or_fail(work, variant(tmp_path, fp8), "results/drafter/gate.json")
+    for dataset in ("everyday", "humaneval"):
+        manifest = json.loads((work / "results" / "hidden_states" / dataset / "manifest.json").read_text())
+        bf16 = json.loads((workdir / "results" / "hidden_states" / dataset / "manifest.json").read_text())
+        assert manifest["storage"] == "fp8" and manifest["tokens"] == bf16["tokens"]
+        assert manifest["bytes"] < 0.53 * bf16["bytes"], (manifest["bytes"], bf16["bytes"])
+    summary = json.loads((work / "results" / "train" / "training.json").read_text())
+    assert summary["hidden_states"]["storage"] == "fp8" and summary["validation"][-1]["full_acc_0_epoch"] > 0.1
+    gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
+    assert gate["passed"], gate
