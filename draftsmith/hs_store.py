@@ -59,17 +59,18 @@ def encode(hidden_states: torch.Tensor, storage: str) -> dict[str, torch.Tensor]
         return {"hidden_states": hidden_states.to(STORED_DTYPE).contiguous()}
     if storage != "fp8":
         raise ValueError(f"unknown hidden-state storage {storage!r}; use one of {', '.join(STORAGES)}")
-    values = hidden_states.float()
-    scale = values.abs().amax(dim=-1).clamp(min=torch.finfo(torch.float32).tiny) / FP8_MAX
-    return {"hidden_states": (values / scale[..., None]).to(torch.float8_e4m3fn).contiguous(),
-            SCALE: scale.contiguous()}
+    largest = hidden_states.abs().amax(dim=-1).float().clamp(min=torch.finfo(torch.float32).tiny)
+    quantized = hidden_states.float().mul_((FP8_MAX / largest)[..., None]).to(torch.float8_e4m3fn)
+    return {"hidden_states": quantized.contiguous(), SCALE: (largest / FP8_MAX).contiguous()}
 
 
 def decode(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """bf16 hidden states from what :func:`encode` stored (``scale`` None: stored as bf16)."""
     if scale is None:
         return stored
-    return (stored.float() * scale[..., None]).to(STORED_DTYPE)
+    # In bf16 throughout (1.7x faster on a CPU than through fp32; the scale's rounding, 2^-9, is far
+    # below fp8's own, 2^-4): dataloader workers dequantize every row of every epoch.
+    return stored.to(STORED_DTYPE).mul_(scale.to(STORED_DTYPE)[..., None])
 
 
 def _read(fh, prefix: str = "", keys: set[str] | None = None) -> dict[str, torch.Tensor]:
