@@ -6,6 +6,7 @@ with one clear line on stderr; the traceback goes only to the rule's log, for wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -61,4 +62,5 @@ def run(main: Callable[[], None], log_path: str, threads: int | None = None, gpu
         logging.getLogger("draftsmith").exception("unexpected error")
         raise
     finally:
-        spent.add(log_path, time.monotonic() - started)
+        with contextlib.suppress(OSError):  # a ledger that cannot be written never fails the job
+            spent.add(log_path, time.monotonic() - started)
