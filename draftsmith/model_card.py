@@ -100,8 +100,10 @@ def recipe(inputs: CardInputs) -> list[str]:
     epoch = chosen.get("epoch")
     head = "trained" if t["train_lm_head"] else "frozen (the target's)"
     storage = tr["hidden_states"].get("storage")
-    stored = f", their hidden states stored in {storage}" if storage else ", hidden states online (never stored)" \
-        if tr["hidden_states"].get("mode") == "online" else ""
+    if tr["hidden_states"].get("mode") == "online":
+        stored = ", hidden states online (never stored)"
+    else:  # runs from before storage was a choice stored bf16, unsaid
+        stored = f", their hidden states stored in {storage}" if storage else ""
     return ["## Recipe", "",
             f"speculators EAGLE-3, {t['num_layers']} draft layer(s), `{t['architecture']}` architecture, "
             f"{t['epochs']} epochs, lr {t['lr']}, {t['optimizer']}, {t['scheduler']} schedule, TTT {t['ttt_steps']} "
