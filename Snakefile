@@ -28,7 +28,7 @@ include: "rules/plan.smk"
 
 
 onstart:
-    forward_stops_to_jobs()  # stopping Snakemake stops its running jobs (draftsmith/stop.py)
+    forward_stops_to_jobs()  # stopping Snakemake stops its running jobs (draftsmith/ops/stop.py)
 
 
 rule all:

@@ -9,9 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
-if [[ ${1:-} == redo || ${1:-} == status || ${1:-} == config ]]; then
-  command=$1
-  shift
-  exec .venv/bin/python -m "draftsmith.$command" "$@"
-fi
-exec .venv/bin/snakemake "$@"
+case ${1:-} in
+  redo | status) module=draftsmith.ops.$1 ;;
+  config) module=draftsmith.config.load ;;
+  *) exec .venv/bin/snakemake "$@" ;;
+esac
+shift
+exec .venv/bin/python -m "$module" "$@"

@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith.datasets import Prompt  # noqa: E402
-from draftsmith.generate import GenerationSettings, Outputs, generate, make_client  # noqa: E402
+from draftsmith.data.datasets import Prompt  # noqa: E402
+from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client  # noqa: E402
 
 LATENCY = ["--latency-s", "0.3", "--per-token-s", "0.0004"]  # ~0.9 s for a 1.5k-token answer
 

@@ -24,12 +24,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith.config import config_files, load_layers  # noqa: E402
-from draftsmith.datasets import load_prompts  # noqa: E402
-from draftsmith.generate import GenerationSettings, Outputs, generate, make_client  # noqa: E402
-from draftsmith.model_prep import prepare_gguf  # noqa: E402
-from draftsmith.server import ServerSpec, managed_server  # noqa: E402
-from draftsmith.target import resolve  # noqa: E402
+from draftsmith.config.load import config_files, load_layers  # noqa: E402
+from draftsmith.config.target import resolve  # noqa: E402
+from draftsmith.data.datasets import load_prompts  # noqa: E402
+from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client  # noqa: E402
+from draftsmith.generation.model_prep import prepare_gguf  # noqa: E402
+from draftsmith.generation.server import ServerSpec, managed_server  # noqa: E402
 
 VLLM_BENCH = "from vllm.benchmarks.serve import add_cli_args, main\n" \
              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n" \

@@ -70,9 +70,9 @@ def extraction(target: Path, rows: list[list[int]], out: Path, device: str) -> d
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftsmith import compute
-    from draftsmith import hidden_states as hs
-    from draftsmith.hs_store import ShardStore, fingerprint
+    from draftsmith.core import compute
+    from draftsmith.hidden_states import extract as hs
+    from draftsmith.hidden_states.store import ShardStore, fingerprint
 
     dtype = compute.choose("auto").dtype
     tokens = sum(map(len, rows))
@@ -101,7 +101,7 @@ def against_cpu(target: Path, rows: list[list[int]], store, device: str) -> str:
     """The first rows again on the CPU in fp32: what the GPU stored must be the same states."""
     import torch
 
-    from draftsmith import hidden_states as hs
+    from draftsmith.hidden_states import extract as hs
 
     class Keep:
         def __init__(self):
@@ -129,10 +129,10 @@ def training_data(rows: list[list[int]], store, out: Path, vocab: int) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from draftsmith import train as tr
-    from draftsmith import vocab as vb
-    from draftsmith.hs_store import write_locations
-    from draftsmith.merge import TRAIN, VALIDATION, train_ratio
+    from draftsmith.data import vocab as vb
+    from draftsmith.data.merge import TRAIN, VALIDATION, train_ratio
+    from draftsmith.hidden_states.store import write_locations
+    from draftsmith.training import train as tr
 
     n_train = len(rows) - max(2, len(rows) // 8)
     merged = out / "merged.parquet"
@@ -153,8 +153,8 @@ TRAIN_CFG = {"num_layers": 1, "epochs": 2, "lr": 3e-4, "optimizer": "adamw", "we
              "draft_arch": "llama", "loss_fn": "kl_div", "train_lm_head": True}
 
 SPECULATORS_LOOP = """import sys
-from draftsmith import hs_store  # noqa: F401 - the shard layout's reader, nothing else of draftsmith
-from draftsmith.train import adapt_for_cpu
+from draftsmith.hidden_states import store  # noqa: F401 - the shard layout's reader, nothing else of draftsmith
+from draftsmith.training.speculators_patches import adapt_for_cpu
 from speculators.train import cli
 from speculators.train.config import TrainConfig
 if __name__ == "__main__":  # dataloader workers re-import this file
@@ -165,8 +165,8 @@ if __name__ == "__main__":  # dataloader workers re-import this file
 
 def training(target: Path, data: dict, out: Path, processes: int, on_cpu: bool) -> dict:
     """draftsmith's trainer under torchrun, then speculators' own loop on the same arguments."""
-    from draftsmith import compute
-    from draftsmith import train as tr
+    from draftsmith.core import compute
+    from draftsmith.training import train as tr
 
     dtype = compute.choose("auto", training=True).dtype
     walls = {}
@@ -202,7 +202,7 @@ def export(checkpoint: Path, target: Path, out: Path) -> str:
     from safetensors.torch import load_file
     from speculators.models.eagle3 import Eagle3DraftModel
 
-    from draftsmith.export import export_vllm
+    from draftsmith.training.export import export_vllm
 
     drafter = out / "drafter"
     drafter.mkdir(exist_ok=True)
@@ -235,7 +235,7 @@ def main() -> int:
     device = "cpu" if args.cpu else "cuda"
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # every process of the check, torchrun's ranks included
-    from draftsmith import devices
+    from draftsmith.ops import devices
 
     say(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"device {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}, "

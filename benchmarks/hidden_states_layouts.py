@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from draftsmith.hidden_states import extract_transformers, read_rows  # noqa: E402
-from draftsmith.hs_store import ShardTransfer, open_store, write_locations  # noqa: E402
+from draftsmith.hidden_states.extract import extract_transformers, read_rows  # noqa: E402
+from draftsmith.hidden_states.store import ShardTransfer, open_store, write_locations  # noqa: E402
 
 
 def source_store(workdir: Path, dataset: str):
@@ -113,7 +113,7 @@ def train_speeds(workdir: Path, tmp: Path, threads: int) -> None:
         for flag, value in (("--data-path", str(data_dir)), ("--save-path", str(data_dir / "ckpt")),
                             ("--log-dir", str(data_dir / "logs")), ("--epochs", "1")):
             run[run.index(flag) + 1] = value
-        proc = subprocess.run([sys.executable, "-m", "draftsmith.train", str(data_dir / "v.jsonl"), *run],
+        proc = subprocess.run([sys.executable, "-m", "draftsmith.training.train", str(data_dir / "v.jsonl"), *run],
                               cwd=workdir, capture_output=True, text=True, env={**os.environ,
                                                                                  "OMP_NUM_THREADS": str(threads)})
         if proc.returncode != 0:

@@ -4,7 +4,7 @@ A real row is up to ~470 MB: 4 layers × 8,192 tokens × hidden 7,168 in bf16. N
 runs on a CPU, so the engine side is the connector's own writer (``CpuHiddenStatesConnector._write``:
 temporary name, rename, lock released) fed synthetic states of that shape, each write delayed as a
 loaded shared volume would (``--write-delay-s``), ``--concurrency`` rows at once. The client side is
-draftsmith's: :func:`draftsmith.hidden_states.wait_written` with the size-scaled timeout, safetensors
+draftsmith's: :func:`draftsmith.hidden_states.extract.wait_written` with the size-scaled timeout, safetensors
 load, speculators' ``check_hidden_states``, and the shard store. Printed: rows/s, MB/s, the longest
 wait against its allowance, and peak resident memory of this process (engine side included).
 
@@ -42,10 +42,10 @@ def main() -> None:
     from safetensors.torch import load_file
     from speculators.data_generation.offline import check_hidden_states
 
-    from draftsmith.hidden_states import ExtractionPolicy, wait_written
-    from draftsmith.hs_connector import CpuHiddenStatesConnector
-    from draftsmith.hs_store import ShardStore
-    from draftsmith.plan import bytes_per_token
+    from draftsmith.hidden_states.connector import CpuHiddenStatesConnector
+    from draftsmith.hidden_states.extract import ExtractionPolicy, wait_written
+    from draftsmith.hidden_states.store import ShardStore
+    from draftsmith.ops.plan import bytes_per_token
 
     row_bytes = args.tokens * bytes_per_token(args.hidden, 4)
     policy = ExtractionPolicy()

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.hs_store import ShardStore, ShardTransfer, fingerprint, write_locations
+from draftsmith.hidden_states.store import ShardStore, ShardTransfer, fingerprint, write_locations
 
 
 def states(tokens: int, hidden: int, seed: int) -> torch.Tensor:

@@ -35,8 +35,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith.export import sglang_refusal  # noqa: E402
-from draftsmith.train import simulated_tau  # noqa: E402
+from draftsmith.training.export import sglang_refusal  # noqa: E402
+from draftsmith.training.train import simulated_tau  # noqa: E402
 
 # speculators' own recipe first: every ratio is against it.
 DEFAULT_RECIPES = {
@@ -93,7 +93,7 @@ def prepare_shared(workdir: Path, config: Path) -> Path:
 
 
 def datasets_of(config: Path) -> list[str]:
-    from draftsmith.config import from_snakemake_args
+    from draftsmith.config.load import from_snakemake_args
 
     return sorted(from_snakemake_args(["--configfile", str(EMBEDDED), str(config)], REPO)["datasets"])
 

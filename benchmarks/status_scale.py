@@ -1,7 +1,7 @@
 """``./run.sh status`` at the scale of a real run: 8 datasets × 100,000 prompts, journals of that size.
 
 Writes a synthetic run folder (prompt files, journals of records the size of real ones with their
-answers, a hidden-state index, training metrics), then times ``draftsmith.status.collect``:
+answers, a hidden-state index, training metrics), then times ``draftsmith.ops.status.collect``:
 
 1. cold: no cache, every journal read once (what the first call after a long run costs);
 2. warm: 500 records appended to every journal since the last call (what a watcher sees every
@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith import status  # noqa: E402
+from draftsmith.ops import status  # noqa: E402
 
 
 def record(dataset: str, i: int, answer: str) -> str:

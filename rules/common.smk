@@ -5,19 +5,21 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the draftsmith package, when not pip-installed
 
-from draftsmith import preflight, target as targets
-from draftsmith.digest import json_digest
-from draftsmith.config import (
+from draftsmith.ops import preflight
+
+from draftsmith.config import target as targets
+from draftsmith.core.digest import json_digest
+from draftsmith.config.load import (
     ConfigError,
     config_files,
     load_layers,
     result_view,
     validate_config,
 )
-from draftsmith.stop import forward_stops_to_jobs
+from draftsmith.ops.stop import forward_stops_to_jobs
 
 # The config is layered here rather than with `configfile:`: the schema's defaults, then the
-# user's files (or the embedded default when there are none), then --config (draftsmith/config.py).
+# user's files (or the embedded default when there are none), then --config (draftsmith/config/load.py).
 CONFIG_FILES = config_files(workflow.basedir, workflow.overwrite_configfiles)
 try:
     _validated = validate_config(

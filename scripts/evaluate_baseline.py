@@ -1,11 +1,11 @@
 from pathlib import Path
 
-from draftsmith import compute
-from draftsmith import evaluate as ev
-from draftsmith.atomic import write_json
-from draftsmith.datasets import load_configured
-from draftsmith.runner import base_dir, run, target_of
-from draftsmith.server import managed_server
+from draftsmith.core import compute
+from draftsmith.core.atomic import write_json
+from draftsmith.data.datasets import load_configured
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.generation.server import managed_server
+from draftsmith.ops.runner import base_dir, run, target_of
 
 
 def main() -> None:

@@ -3,14 +3,14 @@ import json
 import logging
 from pathlib import Path
 
-from draftsmith import evaluate as ev
-from draftsmith import export as ex
-from draftsmith import target
-from draftsmith.atomic import write_json, write_text
-from draftsmith.runner import base_dir, run, target_of
-from draftsmith.server import managed_server, spec_from_config
+from draftsmith.config import target
+from draftsmith.core.atomic import write_json, write_text
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.generation.server import managed_server, spec_from_config
+from draftsmith.ops.runner import base_dir, run, target_of
+from draftsmith.training import export as ex
 
-log = logging.getLogger("draftsmith.export")
+log = logging.getLogger("draftsmith.training.export")
 
 
 class GateFailed(ValueError):

@@ -4,10 +4,11 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
-from draftsmith.chat import TokenizeSettings, early_check
-from draftsmith.client import HealthPolicy
-from draftsmith.datasets import read_prompts
-from draftsmith.generate import (
+from draftsmith.config.target import load_tokenizer
+from draftsmith.data.chat import TokenizeSettings, early_check
+from draftsmith.data.datasets import read_prompts
+from draftsmith.generation.client import HealthPolicy
+from draftsmith.generation.generate import (
     GenerationSettings,
     Outputs,
     generate,
@@ -16,11 +17,10 @@ from draftsmith.generate import (
     make_client,
     settings_key,
 )
-from draftsmith.runner import run, target_of
-from draftsmith.server import generation_spec, managed_server
-from draftsmith.target import load_tokenizer
+from draftsmith.generation.server import generation_spec, managed_server
+from draftsmith.ops.runner import run, target_of
 
-log = logging.getLogger("draftsmith.generate")
+log = logging.getLogger("draftsmith.generation.generate")
 
 
 def main() -> None:
@@ -63,7 +63,7 @@ def external_urls(gen: dict) -> list[str]:
             urls += [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not urls:
         raise ValueError(f"generation_server: no endpoint: base_urls is empty and no file matching {gen['url_files']} "
-                         "holds a URL (is a `python -m draftsmith.serve` job running?)")
+                         "holds a URL (is a `python -m draftsmith.generation.serve` job running?)")
     return urls
 
 

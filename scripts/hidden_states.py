@@ -2,15 +2,16 @@ import asyncio
 import logging
 from pathlib import Path
 
-from draftsmith import compute, target
-from draftsmith import hidden_states as hs
-from draftsmith.hs_store import fingerprint, open_store
-from draftsmith.layers import choose_aux_layers
-from draftsmith.plan import bytes_per_token
-from draftsmith.runner import run, target_of
-from draftsmith.server import managed_server, spec_from_config
+from draftsmith.config import target
+from draftsmith.config.layers import choose_aux_layers
+from draftsmith.core import compute
+from draftsmith.generation.server import managed_server, spec_from_config
+from draftsmith.hidden_states import extract as hs
+from draftsmith.hidden_states.store import fingerprint, open_store
+from draftsmith.ops.plan import bytes_per_token
+from draftsmith.ops.runner import run, target_of
 
-log = logging.getLogger("draftsmith.hidden_states")
+log = logging.getLogger("draftsmith.hidden_states.extract")
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 import logging
 from pathlib import Path
 
-from draftsmith import target
-from draftsmith.pretrained import import_pretrained
-from draftsmith.runner import base_dir, run, target_of
+from draftsmith.config import target
+from draftsmith.ops.runner import base_dir, run, target_of
+from draftsmith.training.pretrained import import_pretrained
 
 
 def main() -> None:

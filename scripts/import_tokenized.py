@@ -1,10 +1,10 @@
 import logging
 from pathlib import Path
 
-from draftsmith import target
-from draftsmith.atomic import write_json, write_jsonl
-from draftsmith.pretokenized import import_tokenized
-from draftsmith.runner import base_dir, run, target_of
+from draftsmith.config import target
+from draftsmith.core.atomic import write_json, write_jsonl
+from draftsmith.data.pretokenized import import_tokenized
+from draftsmith.ops.runner import base_dir, run, target_of
 
 log = logging.getLogger("draftsmith.import_tokenized")
 

@@ -1,8 +1,8 @@
 from pathlib import Path
 
-from draftsmith.atomic import write_json
-from draftsmith.merge import merge
-from draftsmith.runner import run
+from draftsmith.core.atomic import write_json
+from draftsmith.data.merge import merge
+from draftsmith.ops.runner import run
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 import json
 from pathlib import Path
 
-from draftsmith.atomic import write_text
-from draftsmith.model_card import CardInputs, card
-from draftsmith.runner import run
+from draftsmith.core.atomic import write_text
+from draftsmith.evaluation.model_card import CardInputs, card
+from draftsmith.ops.runner import run
 
 
 def load(path):

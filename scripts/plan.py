@@ -2,12 +2,12 @@ import logging
 import statistics
 from pathlib import Path
 
-from draftsmith import plan
-from draftsmith import target as targets
-from draftsmith.atomic import write_json, write_text
-from draftsmith.chat import Renderer
-from draftsmith.datasets import read_prompts
-from draftsmith.runner import run, target_of
+from draftsmith.config import target as targets
+from draftsmith.core.atomic import write_json, write_text
+from draftsmith.data.chat import Renderer
+from draftsmith.data.datasets import read_prompts
+from draftsmith.ops import plan
+from draftsmith.ops.runner import run, target_of
 
 
 def prompt_tokens(renderer, prompts, sample):
@@ -36,7 +36,7 @@ def main() -> None:
     markdown += "\n".join(plan.measured_section(results, plans)) + "\n"
     write_json(sm.output.data, data)
     write_text(sm.output.markdown, markdown)
-    logging.getLogger("draftsmith.plan").info("\n%s", markdown)
+    logging.getLogger("draftsmith.ops.plan").info("\n%s", markdown)
 
 
 if __name__ == "__main__":

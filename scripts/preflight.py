@@ -1,6 +1,7 @@
-from draftsmith import devices, preflight, target
-from draftsmith.atomic import write_json
-from draftsmith.runner import base_dir, run, target_of
+from draftsmith.config import target
+from draftsmith.core.atomic import write_json
+from draftsmith.ops import devices, preflight
+from draftsmith.ops.runner import base_dir, run, target_of
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from draftsmith.model_prep import prepare_gguf
-from draftsmith.runner import run, target_of
+from draftsmith.generation.model_prep import prepare_gguf
+from draftsmith.ops.runner import run, target_of
 
 if __name__ == "__main__":
     sm = snakemake

@@ -1,10 +1,10 @@
 import logging
 from pathlib import Path
 
-from draftsmith import decontaminate as dc
-from draftsmith.atomic import write_json, write_jsonl
-from draftsmith.datasets import load_configured, write_prompts
-from draftsmith.runner import base_dir, run
+from draftsmith.core.atomic import write_json, write_jsonl
+from draftsmith.data import decontaminate as dc
+from draftsmith.data.datasets import load_configured, write_prompts
+from draftsmith.ops.runner import base_dir, run
 
 log = logging.getLogger("draftsmith.prompts")
 

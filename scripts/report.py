@@ -1,8 +1,8 @@
 import json
 from pathlib import Path
 
-from draftsmith.report import Inputs, write_report
-from draftsmith.runner import run
+from draftsmith.evaluation.report import Inputs, write_report
+from draftsmith.ops.runner import run
 
 
 def load(path):

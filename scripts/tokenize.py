@@ -1,10 +1,10 @@
 import logging
 from pathlib import Path
 
-from draftsmith.atomic import write_json
-from draftsmith.chat import TokenizeSettings, tokenize_file
-from draftsmith.runner import run, target_of
-from draftsmith.target import load_tokenizer
+from draftsmith.config.target import load_tokenizer
+from draftsmith.core.atomic import write_json
+from draftsmith.data.chat import TokenizeSettings, tokenize_file
+from draftsmith.ops.runner import run, target_of
 
 
 def main() -> None:

@@ -6,18 +6,21 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from draftsmith import compute, placement, target
-from draftsmith import hidden_states as hs
-from draftsmith import train as tr
-from draftsmith.atomic import write_json
-from draftsmith.digest import file_sha256, json_digest
-from draftsmith.hs_store import BACKEND, fingerprint, open_store, write_locations
-from draftsmith.layers import choose_aux_layers
-from draftsmith.merge import TRAIN, train_ratio
-from draftsmith.runner import run, target_of
-from draftsmith.server import managed_server, spec_from_config
+from draftsmith.config import target
+from draftsmith.config.layers import choose_aux_layers
+from draftsmith.core import compute
+from draftsmith.core.atomic import write_json
+from draftsmith.core.digest import file_sha256, json_digest
+from draftsmith.data.merge import TRAIN, train_ratio
+from draftsmith.generation.server import managed_server, spec_from_config
+from draftsmith.hidden_states import extract as hs
+from draftsmith.hidden_states.store import BACKEND, fingerprint, open_store, write_locations
+from draftsmith.ops.runner import run, target_of
+from draftsmith.training import placement
+from draftsmith.training import speculators_patches as patches
+from draftsmith.training import train as tr
 
-log = logging.getLogger("draftsmith.train")
+log = logging.getLogger("draftsmith.training.train")
 
 
 def stores(manifest_paths):
@@ -65,7 +68,7 @@ def main() -> None:
     if not online:
         write_locations(data_dir, [by_dataset[table[i]["dataset"]].locations([table[i]["source_row"]])[0]
                                    for i in keep])
-    on_cpu = tr.adapt_for_cpu()
+    on_cpu = patches.adapt_for_cpu()
     dtype = compute.choose(ops["dtype"], training=True)
     rows = len(keep)
     n_train = sum(table[i]["split"] == TRAIN for i in keep)

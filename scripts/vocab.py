@@ -1,8 +1,9 @@
 import logging
 from pathlib import Path
 
-from draftsmith import target, vocab
-from draftsmith.runner import run, target_of
+from draftsmith.config import target
+from draftsmith.data import vocab
+from draftsmith.ops.runner import run, target_of
 
 
 def main() -> None:
@@ -12,7 +13,7 @@ def main() -> None:
     else:
         stats = vocab.build(Path(sm.input.table), sm.params.vocab["draft_vocab_size"],
                             target.facts(target_of(sm)).vocab_size, *outputs)
-    logging.getLogger("draftsmith.vocab").info("%s", stats)
+    logging.getLogger("draftsmith.data.vocab").info("%s", stats)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from draftsmith.target import resolve_package_file
+    from draftsmith.config.target import resolve_package_file
 
     gguf = resolve_package_file(GGUF)
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -27,8 +27,8 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def target_dir(tmp_path_factory) -> Path:
     """The real target, converted once per session (~30 s)."""
-    from draftsmith.model_prep import prepare_gguf
-    from draftsmith.target import resolve_package_file
+    from draftsmith.config.target import resolve_package_file
+    from draftsmith.generation.model_prep import prepare_gguf
 
     dest = tmp_path_factory.mktemp("models") / "smollm2"
     prepare_gguf(resolve_package_file(GGUF), dest)

@@ -1,6 +1,6 @@
 import pytest
 
-from draftsmith.atomic import atomic_path, write_json
+from draftsmith.core.atomic import atomic_path, write_json
 
 
 def test_failed_write_leaves_no_file_and_no_temporary(tmp_path):

@@ -6,7 +6,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from draftsmith.chat import (
+from draftsmith.data.chat import (
     Checks,
     Renderer,
     RoundTripError,
@@ -18,8 +18,8 @@ from draftsmith.chat import (
     prepare_messages,
     tokenize_file,
 )
-from draftsmith.datasets import Prompt
-from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client
 from tests.sim.reasoning_server import TEMPLATE, ReasoningSim, SimSettings
 
 
@@ -202,8 +202,8 @@ def test_cut_reasoning_round_trips_too(qwen3_tokenizer, qwen3_dir, tmp_path):
 
 
 def test_a_mismatch_stops_generation_after_its_first_answers_not_its_budget(qwen3_tokenizer, tmp_path):
-    from draftsmith.chat import early_check
-    from draftsmith.generate import EARLY_CHECK_ANSWERS, GenerationFailed
+    from draftsmith.data.chat import early_check
+    from draftsmith.generation.generate import EARLY_CHECK_ANSWERS, GenerationFailed
 
     sim = SimSettings(tokenizer=qwen3_tokenizer, template_mismatch=True, reasoning_log_mean=2.0, content_log_mean=2.0)
     prompts = [Prompt(f"p{i}", [f"Question {i}?"]) for i in range(400)]

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from draftsmith import compute
-from draftsmith.server import ServerSpec, spec_from_config
-from draftsmith.target import Target
+from draftsmith.config.target import Target
+from draftsmith.core import compute
+from draftsmith.generation.server import ServerSpec, spec_from_config
 
 SERVER = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "extra_args": [], "env": {},
           "startup_timeout_s": 60, "dtype": "auto"}
@@ -15,7 +15,7 @@ SERVER = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "extra_args": [
 
 def test_a_cpu_without_native_bf16_computes_in_fp32():
     # ATEN_CPU_CAPABILITY=avx2 makes any x86 CPU report what an AVX2-only EPYC reports.
-    code = "from draftsmith import compute; c = compute.choose(); print(c.dtype, '|', c.reason)"
+    code = "from draftsmith.core import compute; c = compute.choose(); print(c.dtype, '|', c.reason)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"ATEN_CPU_CAPABILITY": "avx2", "PATH": ""}).stdout.strip()
     assert out == "float32 | CPU capability AVX2, bf16 emulated"

@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith import preflight
-from draftsmith.config import (
+from draftsmith.config.load import (
     ConfigError,
     annotated_yaml,
     config_files,
@@ -15,7 +14,8 @@ from draftsmith.config import (
     result_view,
     validate_config,
 )
-from draftsmith.target import Facts, resolve
+from draftsmith.config.target import Facts, resolve
+from draftsmith.ops import preflight
 from tests.conftest import REPO
 
 MINIMAL = {"target": {"name": "t", "source": "x"}, "datasets": {"a": {"source": "a.jsonl"}},
@@ -247,7 +247,7 @@ ONLINE_ON_ONE_NODE = {"server": {"gpus": 8}, "train": {"gpus": 1}, "hidden_state
      r"server jobs \(server.gpus\) ask 16 GPUs and a node has 8"),
 ])
 def test_gpu_counts_a_node_cannot_hold_are_refused_before_work(overrides, node, expected, tmp_path, monkeypatch):
-    from draftsmith import devices
+    from draftsmith.ops import devices
 
     monkeypatch.setattr(devices, "machine_gpus", lambda: node)
     found = problems_of(overrides, tmp_path)
@@ -255,7 +255,7 @@ def test_gpu_counts_a_node_cannot_hold_are_refused_before_work(overrides, node, 
 
 
 def test_a_driver_older_than_the_gpu_stack_is_named_before_work(tmp_path, monkeypatch):
-    from draftsmith import devices
+    from draftsmith.ops import devices
 
     monkeypatch.setattr(devices, "driver_version", lambda: "550.54.15")
     (found,) = problems_of({"server": {"gpus": 1}, "train": {"gpus": 1}}, tmp_path)
@@ -290,7 +290,7 @@ def test_external_generation_is_not_held_to_the_managed_servers_context(tmp_path
 
 
 def test_the_config_command_prints_the_embedded_default_and_refuses_a_bad_file(tmp_path, capsys):
-    from draftsmith.config import main
+    from draftsmith.config.load import main
 
     assert main([], REPO) == 0
     printed = capsys.readouterr().out
@@ -304,8 +304,8 @@ def test_the_config_command_prints_the_embedded_default_and_refuses_a_bad_file(t
 
 def test_the_configuration_doc_holds_every_key_of_the_schema():
     """docs/configuration.md ends with the reference the schema generates: a key added, renamed or
-    redescribed without the doc fails here (regenerate: python -m draftsmith.config --reference)."""
-    from draftsmith.config import REFERENCE_HEADER, reference
+    redescribed without the doc fails here (regenerate: python -m draftsmith.config.load --reference)."""
+    from draftsmith.config.load import REFERENCE_HEADER, reference
 
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert doc[doc.index(REFERENCE_HEADER):].rstrip() == reference().rstrip()

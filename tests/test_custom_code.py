@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from draftsmith import preflight
-from draftsmith.config import load_layers, validate_config
-from draftsmith.hidden_states import extract_transformers
-from draftsmith.hs_store import open_store
-from draftsmith.target import facts, load_tokenizer, resolve
+from draftsmith.config.load import load_layers, validate_config
+from draftsmith.config.target import facts, load_tokenizer, resolve
+from draftsmith.hidden_states.extract import extract_transformers
+from draftsmith.hidden_states.store import open_store
+from draftsmith.ops import preflight
 from tests.conftest import REPO
 
 CONFIGURATION = '''from transformers import Qwen3Config

@@ -5,10 +5,10 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from draftsmith import decontaminate as dc
-from draftsmith.datasets import Prompt
-from draftsmith.merge import TRAIN, VALIDATION, merge, train_ratio
-from draftsmith.pretokenized import import_tokenized
+from draftsmith.data import decontaminate as dc
+from draftsmith.data.datasets import Prompt
+from draftsmith.data.merge import TRAIN, VALIDATION, merge, train_ratio
+from draftsmith.data.pretokenized import import_tokenized
 
 EVAL = {"mt": [Prompt("m1", ["Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
                              "cultural experiences and must-see attractions."]),
@@ -45,7 +45,7 @@ def test_short_prompts_are_only_compared_exactly():
 def table(path, dataset, prompts_rows):
     rows = [{"id": rid, "prompt_id": pid, "dataset": dataset, "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1],
              "seq_len": 3, "truncated_to_max_length": False} for rid, pid in prompts_rows]
-    from draftsmith.chat import write_parquet
+    from draftsmith.data.chat import write_parquet
 
     write_parquet(rows, path)
     return path
@@ -126,7 +126,7 @@ def test_a_speculators_prepared_folder_is_read(tmp_path):
 def test_resample_counts(weight):
     import random
 
-    from draftsmith.merge import resample
+    from draftsmith.data.merge import resample
 
     assert len(resample(list(range(10)), weight, random.Random(0))) == round(10 * weight)
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from draftsmith.datasets import load_prompts, resolve_source
-from draftsmith.digest import prompt_digest
+from draftsmith.core.digest import prompt_digest
+from draftsmith.data.datasets import load_prompts, resolve_source
 
 
 def write_jsonl(path, rows):

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from draftsmith import devices
+from draftsmith.ops import devices
 from tests.conftest import REPO
 
 HOLD = """import sys, time
 from pathlib import Path
-from draftsmith import devices
+from draftsmith.ops import devices
 with devices.lease(int(sys.argv[1]), ["0", "1", "2", "3"], Path(sys.argv[2])) as ids:
     print(",".join(ids), flush=True)
     time.sleep(600)

@@ -1,7 +1,7 @@
 import pytest
 
-from draftsmith import evaluate as ev
-from draftsmith.evaluate import acceptance
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation.evaluate import acceptance
 
 # An excerpt of vLLM 0.32's /metrics text with speculative decoding on.
 METRICS = """
@@ -25,7 +25,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
 def test_tau_is_pooled_from_counter_deltas(monkeypatch):
     import httpx
 
-    from draftsmith import evaluate
+    from draftsmith.evaluation import evaluate
 
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=METRICS))
     after = evaluate.scrape_spec_counters("http://x")
@@ -48,7 +48,7 @@ def test_t1_runs_are_seeded_only_where_the_engine_can_rewind_a_generator():
 
 
 def test_a_drafter_is_evaluated_against_the_baseline_measured_for_the_same_sets_only():
-    from draftsmith.datasets import Prompt
+    from draftsmith.data.datasets import Prompt
 
     sets = {"held": [Prompt("a", ["hi"]), Prompt("b", ["yo"])]}
     baseline = {"max_tokens": 32, "runs": [

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith import export as ex
-from draftsmith.pretrained import DrafterMismatch, fit_problems, import_pretrained
-from draftsmith.target import Facts, resolve, verifier_reference
+from draftsmith.config.target import Facts, resolve, verifier_reference
+from draftsmith.training import export as ex
+from draftsmith.training.pretrained import DrafterMismatch, fit_problems, import_pretrained
 
 FACTS = Facts(num_layers=30, hidden_size=576, vocab_size=49152, max_position_embeddings=8192, model_type="llama")
 
@@ -19,7 +19,7 @@ def make_drafter(target_dir, dest, architecture="eagle3", draft_vocab=512):
     from speculators.train import cli
     from speculators.train.config import TrainConfig
 
-    from draftsmith.train import ARCHITECTURE_FLAGS
+    from draftsmith.training.train import ARCHITECTURE_FLAGS
 
     rng = np.random.default_rng(0)
     chosen = np.sort(rng.choice(49152, draft_vocab, replace=False))

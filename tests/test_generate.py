@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from draftsmith.client import HealthPolicy, RetryPolicy
-from draftsmith.datasets import Prompt
-from draftsmith.generate import (
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation.client import HealthPolicy, RetryPolicy
+from draftsmith.generation.generate import (
     GenerationFailed,
     GenerationSettings,
     Journal,
@@ -86,7 +86,7 @@ def test_not_implemented_is_not_retried(server, tmp_path, status):
 def test_retry_after_is_capped_and_must_be_finite():
     import httpx
 
-    from draftsmith.client import _retry_after
+    from draftsmith.generation.client import _retry_after
 
     policy = RetryPolicy(backoff_base_s=0.01, backoff_max_s=0.05, max_retry_after_s=30)
     assert policy.delay(1, retry_after=3.0) == 3.0
@@ -245,8 +245,8 @@ def test_an_exited_managed_server_stops_the_run_at_once(server, tmp_path):
 DRIVER = """
 import asyncio, sys
 from pathlib import Path
-from draftsmith.datasets import Prompt
-from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client
 url, out = sys.argv[1], Path(sys.argv[2])
 prompts = [Prompt(f"p{i}", [f"q{i} delay={0.2 * (i % 5):.1f}"]) for i in range(40)]
 settings = GenerationSettings(concurrency=4, fsync_every=1)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from draftsmith.client import HealthPolicy, RetryPolicy
-from draftsmith.datasets import Prompt
-from draftsmith.generate import GenerationFailed, GenerationSettings, Outputs, generate, make_client
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation.client import HealthPolicy, RetryPolicy
+from draftsmith.generation.generate import GenerationFailed, GenerationSettings, Outputs, generate, make_client
 from tests.sim.reasoning_server import ReasoningSim, SimSettings
 
 FAST_HEALTH = HealthPolicy(trip_after=3, cooldown_s=0.2, cooldown_max_s=1.0, outage_grace_s=1.0, probe_timeout_s=1.0)

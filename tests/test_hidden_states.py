@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from draftsmith import hidden_states as hs
-from draftsmith.hs_store import ShardStore, ShardTransfer, fingerprint, open_store, write_locations
-from draftsmith.layers import aux_layer_problem, choose_aux_layers, default_aux_layers
-from draftsmith.plan import bytes_per_token
+from draftsmith.config.layers import aux_layer_problem, choose_aux_layers, default_aux_layers
+from draftsmith.hidden_states import extract as hs
+from draftsmith.hidden_states.store import ShardStore, ShardTransfer, fingerprint, open_store, write_locations
+from draftsmith.ops.plan import bytes_per_token
 from tests.conftest import REPO
 
 ROWS = [[1, 504, 3300, 28, 2], [1, 9, 10]]
@@ -56,7 +56,7 @@ def test_transformers_backend_writes_the_layout_speculators_reads(target_dir, ta
 def test_the_transformers_backend_computes_on_the_jobs_accelerator(target_dir, monkeypatch):
     """On a GPU machine the model and every row go to the GPU (the job's device): before, it computed
     on the CPU beside an idle GPU. Shown with torch's meta device standing in for the accelerator."""
-    from draftsmith import compute
+    from draftsmith.core import compute
 
     monkeypatch.setattr(compute, "device", lambda: "meta")
     seen = []
@@ -136,7 +136,7 @@ def test_the_trainer_reads_either_layout_by_merged_position(layout, tmp_path):
 
 
 def test_a_killed_shard_writer_keeps_every_finished_shard(tmp_path):
-    script = (f"import torch, os, signal\nfrom draftsmith.hs_store import ShardStore\n"
+    script = (f"import torch, os, signal\nfrom draftsmith.hidden_states.store import ShardStore\n"
               f"store = ShardStore(__import__('pathlib').Path({str(tmp_path / 'hs')!r}), {FP!r}, shard_mb=1)\n"
               "w = store.writer()\n"
               "for i in range(40):\n"
@@ -188,7 +188,7 @@ def test_vllm_server_flags_name_the_cpu_connector(tmp_path):
     flags = hs.vllm_server_configs([2, 15, 27], 30, tmp_path)
     assert flags["speculative_config"]["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == \
         [2, 15, 27, 30]
-    assert flags["kv_transfer_config"]["kv_connector_module_path"] == "draftsmith.hs_connector"
+    assert flags["kv_transfer_config"]["kv_connector_module_path"] == "draftsmith.hidden_states.connector"
 
 
 def test_the_layers_are_decided_in_one_place(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftsmith import placement
+from draftsmith.training import placement
 
 
 def test_gpus_are_split_server_first_from_what_the_job_sees():

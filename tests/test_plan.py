@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from draftsmith import plan
-from draftsmith.config import load_layers, validate_config
-from draftsmith.datasets import Prompt
-from draftsmith.target import Facts
+from draftsmith.config.load import load_layers, validate_config
+from draftsmith.config.target import Facts
+from draftsmith.data.datasets import Prompt
+from draftsmith.ops import plan
 from tests.conftest import REPO
 
 KIMI = Facts(num_layers=61, hidden_size=7168, vocab_size=163840, max_position_embeddings=262144, model_type="kimi_k2")

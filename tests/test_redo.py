@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from draftsmith import redo, spent
+from draftsmith.ops import redo, spent
 from tests.conftest import REPO
 
 

@@ -1,4 +1,4 @@
-from draftsmith.report import Inputs, write_report
+from draftsmith.evaluation.report import Inputs, write_report
 
 
 def measured(tau, rates, tok_s, speedup):
@@ -68,7 +68,7 @@ def test_report_shows_every_stage_with_plots(tmp_path):
 def test_the_model_card_is_what_the_hub_shows(tmp_path):
     import yaml
 
-    from draftsmith.model_card import CardInputs, card
+    from draftsmith.evaluation.model_card import CardInputs, card
 
     train_config = {"num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001, "optimizer": "muon",
                     "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024,

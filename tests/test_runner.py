@@ -1,7 +1,7 @@
 from pathlib import Path
 from types import SimpleNamespace
 
-from draftsmith.runner import base_dir
+from draftsmith.ops.runner import base_dir
 
 
 def test_the_workflow_folder_is_named_without_the_rules_detour():
@@ -17,7 +17,7 @@ def test_every_job_adds_its_time_to_its_outputs_ledger_failed_ones_too(tmp_path,
 
     import pytest
 
-    from draftsmith import runner, spent
+    from draftsmith.ops import runner, spent
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # run() points stderr at the job's log

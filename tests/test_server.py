@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.server import ServerError, ServerSpec, managed_server, server_env
-from draftsmith.target import Target
+from draftsmith.config.target import Target
+from draftsmith.generation.server import ServerError, ServerSpec, managed_server, server_env
 
 
 def test_command_carries_engine_configs():
@@ -36,8 +36,8 @@ def test_a_cpu_server_computes_on_every_core_unless_told_otherwise(monkeypatch):
 
 
 def test_cpu_only_engine_settings_come_from_the_machine_not_the_config(monkeypatch):
-    from draftsmith import compute
-    from draftsmith.server import spec_from_config
+    from draftsmith.core import compute
+    from draftsmith.generation.server import spec_from_config
 
     server = {"host": "127.0.0.1", "port": 0, "extra_args": ["--tensor-parallel-size", "8"], "env": {},
               "startup_timeout_s": 60, "dtype": "auto"}
@@ -64,7 +64,7 @@ def test_server_that_dies_reports_its_log(tmp_path):
 
 
 def test_sglang_command_and_its_limits():
-    from draftsmith.server import generation_spec
+    from draftsmith.generation.server import generation_spec
 
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": 4096, "extra_args": ["--enforce-eager"],
               "env": {"A": 1}, "startup_timeout_s": 60, "dtype": "float32"}
@@ -90,8 +90,8 @@ def test_sglang_command_and_its_limits():
 def test_each_engine_gets_its_own_flags_in_evaluation_and_generation():
     """vLLM's --tensor-parallel-size is SGLang's --tp: an 8-GPU SGLang evaluation lost its --tp when the
     speculative flags replaced the user's, and a SGLang baseline got vLLM's flags."""
-    from draftsmith.evaluate import server_spec
-    from draftsmith.server import generation_spec
+    from draftsmith.evaluation.evaluate import server_spec
+    from draftsmith.generation.server import generation_spec
 
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "env": {}, "startup_timeout_s": 60,
               "dtype": "bfloat16", "extra_args": ["--tensor-parallel-size", "8"], "sglang_args": ["--tp", "8"]}
@@ -114,7 +114,7 @@ def test_server_dies_with_a_killed_job(tmp_path):
     import sys
     import time
 
-    script = ("import sys, time\nfrom pathlib import Path\nfrom draftsmith import server\n"
+    script = ("import sys, time\nfrom pathlib import Path\nfrom draftsmith.generation import server\n"
               "server.ServerSpec.command = lambda self, port: [sys.executable, '-c', 'import time; time.sleep(600)']\n"
               "server._wait_healthy = lambda *a: None\n"
               f"with server.managed_server(server.ServerSpec(model='m'), Path({str(tmp_path / 'log')!r})):\n"

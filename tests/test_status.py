@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from draftsmith import status
-from draftsmith.config import from_snakemake_args
+from draftsmith.config.load import from_snakemake_args
+from draftsmith.ops import status
 from tests.conftest import REPO
 
 

@@ -26,7 +26,7 @@ def test_stopping_snakemake_stops_a_running_job(tmp_path, sig):
     (tmp_path / "job.py").write_text(JOB)
     # The draftsmith Snakefile's hook, in a workflow with one long job.
     (tmp_path / "Snakefile").write_text(
-        "from draftsmith.stop import forward_stops_to_jobs\n\n"
+        "from draftsmith.ops.stop import forward_stops_to_jobs\n\n"
         "onstart:\n    forward_stops_to_jobs()\n\n"
         f"rule long:\n    output: 'out'\n    shell: '{sys.executable} job.py saved started && touch out'\n")
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1"], cwd=tmp_path,

@@ -3,7 +3,8 @@ from unittest.mock import patch
 
 import pytest
 
-from draftsmith import train as tr
+from draftsmith.training import speculators_patches as patches
+from draftsmith.training import train as tr
 
 CFG = {"num_layers": 1, "epochs": 2, "lr": 1e-3, "optimizer": "muon", "weight_decay": 0.01, "scheduler": "cosine",
        "warmup_steps": None, "warmup_ratio": 0.1, "total_seq_len": 512, "ttt_steps": 3, "ttt_step_loss_decay": 1.0,
@@ -39,7 +40,7 @@ def test_speculators_arguments(tmp_path):
     # The arguments are what speculators' own parser accepts.
     from speculators.train.config import TrainConfig
 
-    import draftsmith.hs_store  # noqa: F401 - registers the backend
+    import draftsmith.hidden_states.store  # noqa: F401 - registers the backend
 
     TrainConfig.resolve(args(tmp_path, from_pretrained=tmp_path / "pre"))  # no conflicting model flags
     resolved = TrainConfig.resolve(args(tmp_path, hidden_states_backend="draftsmith")).flatten()
@@ -51,7 +52,7 @@ def test_several_gpus_run_the_same_worker_under_torchrun(tmp_path):
     cmd = tr.torchrun_command(8, tmp_path / "v.jsonl", ["--epochs", "5"])
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
     assert cmd[5] == f"--shutdown-timeout={tr.RANKS_STOP_TIMEOUT_S}"  # not torchrun's 30 s before SIGKILL
-    assert cmd[6:9] == ["-m", "draftsmith.train", str(tmp_path / "v.jsonl")] and cmd[-2:] == ["--epochs", "5"]
+    assert cmd[6:9] == ["-m", "draftsmith.training.train", str(tmp_path / "v.jsonl")] and cmd[-2:] == ["--epochs", "5"]
 
 
 def test_simulated_tau_and_the_checkpoint_choice(tmp_path):
@@ -85,20 +86,20 @@ def test_a_graceful_stop_leaves_a_checkpoint_speculators_resumes(tmp_path):
 
 
 def test_a_speculators_release_the_patches_were_not_written_for_is_refused(monkeypatch):
+    import importlib
     import importlib.metadata
 
-    assert tr.adapt_for_cpu() is True  # the pinned release passes
+    importlib.reload(patches)  # the pinned release passes
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.0")
-    with pytest.raises(tr.SpeculatorsVersionError, match=r"speculators 0.10.0 is installed.*written for 0.9.0"):
-        tr.adapt_for_cpu()
-    with pytest.raises(tr.SpeculatorsVersionError, match=r"speculators 0\.10\.0"):
-        tr.train([], None)
+    with pytest.raises(ValueError, match=r"speculators 0.10.0 is installed.*written for 0.9.0") as refused:
+        importlib.reload(patches)  # importing the patches checks, before any of them can apply
+    assert type(refused.value).__name__ == "SpeculatorsVersionError"  # reloading made the class anew
 
 
 def test_cpu_adaptation_redirects_the_trainer():
     from speculators.train import checkpointer, trainer
 
-    assert tr.adapt_for_cpu() is True  # this machine has no accelerator
+    assert patches.adapt_for_cpu() is True  # this machine has no accelerator
     assert trainer.get_local_rank() == "cpu" and checkpointer.get_current_device() == "cpu"
 
 
@@ -149,7 +150,7 @@ def test_dataloader_workers_outlive_a_sigterm_to_the_whole_job():
 
     from torch.utils.data import DataLoader
 
-    tr._keep_workers_through_sigterm()
+    patches.keep_workers_through_sigterm()
     loader = iter(DataLoader(_Slow(), batch_size=1, num_workers=1, multiprocessing_context="spawn"))
     worker_pid = int(next(loader))
     os.kill(worker_pid, signal.SIGTERM)
@@ -187,7 +188,7 @@ def test_muon_orthogonalises_in_fp32_where_bf16_is_emulated():
     from torch.optim import _muon
 
     grad = torch.randn(64, 192, generator=torch.Generator().manual_seed(0))
-    ours = tr._newton_schulz_fp32(grad, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7)
+    ours = patches.newton_schulz_fp32(grad, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7)
     theirs = _muon._zeropower_via_newtonschulz(grad, (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C), 5, 1e-7)
     assert ours.dtype == torch.float32 and theirs.dtype == torch.bfloat16
     assert torch.allclose(ours, theirs.float(), atol=0.05)  # the same iteration, without bf16 rounding
@@ -206,7 +207,7 @@ def test_a_failed_step_does_not_leave_workers_that_block_the_exit():
 
     worker = multiprocessing.get_context("spawn").Process(target=_ignore_sigterm_and_sleep, daemon=True)
     worker.start()
-    tr._stop_dataloader_workers()
+    patches.stop_dataloader_workers()
     worker.join(10)
     assert not worker.is_alive()
 
@@ -259,7 +260,7 @@ def _train_one_rank(rank: int, out) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
                             timeout=timedelta(seconds=20))
-    tr._stop_together_after_a_step(_RankTrainer)
+    patches.stop_together_after_a_step(_RankTrainer)
     _RankTrainer(rank, out).run_training()
     dist.destroy_process_group()
 
@@ -334,7 +335,7 @@ def _train_head_on_one_rank(rank: int, out) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=2,
                             timeout=timedelta(seconds=30))
-    tr._train_lm_head(_HeadTrainer)
+    patches.train_lm_head(_HeadTrainer)
     trainer = _HeadTrainer()
     initial = trainer.model.module.lm_head.weight.detach().clone()
     torch.manual_seed(rank)  # every rank its own rows, as the sampler hands them out

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from draftsmith import vocab
+from draftsmith.data import vocab
 
 
 def test_vocabulary_counts_supervised_tokens_of_the_training_split_only(tmp_path):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith import compute
-from draftsmith import evaluate as ev
-from draftsmith.datasets import Prompt
-from draftsmith.generate import GenerationSettings, Outputs, generate, make_client
-from draftsmith.server import ServerSpec, managed_server
+from draftsmith.core import compute
+from draftsmith.data.datasets import Prompt
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client
+from draftsmith.generation.server import ServerSpec, managed_server
 
 pytestmark = pytest.mark.e2e
 PROMPTS = [Prompt(f"q{i}", [f"Write one sentence about the number {i}."]) for i in range(8)]

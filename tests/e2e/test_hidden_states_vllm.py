@@ -12,10 +12,10 @@ import logging
 
 import pytest
 
-from draftsmith import compute
-from draftsmith import hidden_states as hs
-from draftsmith.hs_store import open_store
-from draftsmith.server import ServerSpec, managed_server
+from draftsmith.core import compute
+from draftsmith.generation.server import ServerSpec, managed_server
+from draftsmith.hidden_states import extract as hs
+from draftsmith.hidden_states.store import open_store
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -33,7 +33,7 @@ def test_slow_and_failing_writes_are_waited_for_and_retried(target_dir, tmp_path
     store = open_store(tmp_path / "store", "fp", "shards", shard_mb=1)
     policy = hs.ExtractionPolicy(concurrency=3, request_timeout_s=120, max_attempts=2, write_wait_s=60,
                                  slow_row_s=8)
-    caplog.set_level(logging.WARNING, logger="draftsmith.hidden_states")
+    caplog.set_level(logging.WARNING, logger="draftsmith.hidden_states.extract")
     with managed_server(spec, tmp_path / "server.log") as server, store.writer() as writer:
         failed = asyncio.run(hs.extract_vllm(server.base_url, list(enumerate(ROWS)), writer, policy,
                                              lambda tokens: tokens * 4616))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftsmith.status import logged_steps
+from draftsmith.ops.status import logged_steps
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG
 

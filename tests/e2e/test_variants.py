@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from draftsmith.status import logged_steps
+from draftsmith.ops.status import logged_steps
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 from tests.e2e.test_workflow import planned_jobs

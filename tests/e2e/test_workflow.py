@@ -15,7 +15,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from draftsmith import compute
+from draftsmith.core import compute
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
 
@@ -115,8 +115,8 @@ def test_generation_records_and_stats(workdir):
 
 
 def test_vllm_and_transformers_hidden_states_agree(workdir, tmp_path):
-    from draftsmith.hidden_states import extract_transformers
-    from draftsmith.hs_store import open_store
+    from draftsmith.hidden_states.extract import extract_transformers
+    from draftsmith.hidden_states.store import open_store
 
     ids = pq.read_table(workdir / "results" / "tokenized" / "everyday.parquet").column("input_ids")[0].as_py()
     folder = workdir / "results" / "hidden_states" / "everyday"
@@ -224,7 +224,7 @@ def test_redo_one_dataset_touches_no_other(workdir, tmp_path):
                                  for p in (work / "results" / "hidden_states" / "everyday").rglob("*") if p.is_file()}
     shards = work / "results" / "hidden_states" / "humaneval" / "shards"
     old = {p.name: p.stat().st_mtime_ns for p in shards.iterdir()}
-    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "hidden_states", "humaneval", "--yes", "-s",
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.ops.redo", "hidden_states", "humaneval", "--yes", "-s",
                            str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
                            "results/hidden_states/humaneval/manifest.json"],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
@@ -235,7 +235,7 @@ def test_redo_one_dataset_touches_no_other(workdir, tmp_path):
     for path, (content, mtime) in others.items():
         assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, path
     # The same for answers: the journal goes, so every humaneval prompt is answered again.
-    proc = subprocess.run([sys.executable, "-m", "draftsmith.redo", "answers", "humaneval", "--yes", "-s",
+    proc = subprocess.run([sys.executable, "-m", "draftsmith.ops.redo", "answers", "humaneval", "--yes", "-s",
                            str(REPO / "Snakefile"), "-d", str(work), "--configfile", str(CONFIG), "--cores", "2",
                            "results/responses/humaneval.jsonl"], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

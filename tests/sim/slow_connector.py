@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from draftsmith.hs_connector import CpuHiddenStatesConnector
+from draftsmith.hidden_states.connector import CpuHiddenStatesConnector
 
 _failures_left = int(os.environ.get("DRAFTSMITH_TEST_FAILED_WRITES", "0"))
 _lock = threading.Lock()

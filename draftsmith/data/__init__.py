@@ -1,0 +1,1 @@
+"""Prompts to training rows: datasets, decontamination, chat templates and tokenization, merge, vocabulary."""

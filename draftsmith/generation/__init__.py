@@ -1,0 +1,1 @@
+"""Answers from the target: inference servers, the client, resumable generation per dataset."""

@@ -1,0 +1,482 @@
+"""Regenerate a dataset's answers with the target model: resumable, budgeted, counted, loud on failure.
+
+Semantics (documented in docs/stages.md):
+- **Resume by content.** Each finished record is appended to a journal (flushed and fsynced every
+  ``fsync_every`` records) with its prompt id and a digest of the prompt's messages. A rerun
+  skips a prompt whose id *and* digest are journaled, so an edited prompt is answered again and
+  nothing else is. The journal's name carries a digest of what changes an answer (target name,
+  sampling, chat-template arguments): never a path, so moving the project keeps every journal.
+  A line cut by a kill is detected and dropped.
+- **Token budget.** Prompts are launched in file order while ``completion tokens journaled +
+  expected tokens of requests in flight < token_budget``, the expectation per request being the
+  running mean of finished records (``max_tokens`` before the first finishes). When the
+  expectation says "full" but the journaled tokens do not, the loop waits for answers in flight
+  and checks again, so the budget is spent, not abandoned. Requests in flight always finish: the
+  total exceeds the budget by at most the answers in flight. ``max_samples`` works the same way.
+- **finish_reason policy.** ``keep`` keeps truncated answers, ``mark`` keeps them with
+  ``"truncated": true``, ``drop`` journals them as dropped (not retried on resume) and counts
+  them. A reasoning model cut while thinking (``content: null``) is a truncated answer. A turn
+  cut by ``max_tokens`` ends a multi-turn conversation: later turns would build on a cut answer.
+- **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
+  checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
+  stops the run, journal kept, with the likely cause and the setting that fixes it.
+- **Failures.** A prompt that still fails after its retries goes to the errors file and is tried
+  again by the next run. The run fails, keeping its journal and writing no outputs, when more
+  than ``max_error_fraction`` of the prompts it tried failed, when every endpoint stayed
+  unreachable (see :mod:`draftsmith.generation.client`), or when the managed server exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from draftsmith.core.atomic import write_json, write_jsonl
+from draftsmith.core.digest import ids_digest, json_digest, prompt_digest
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation.client import ChatClient, EndpointsDown, HealthPolicy, RequestFailed, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+RECORD_FORMAT = 2
+EARLY_CHECK_ANSWERS = 32
+
+
+class GenerationInterrupted(RuntimeError):
+    pass
+
+
+class GenerationFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class GenerationSettings:
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float | None = None
+    concurrency: int = 200
+    request_timeout_s: float = 1800.0
+    connect_timeout_s: float = 30.0
+    max_attempts: int = 5
+    finish_reason_policy: str = "keep"
+    chat_template_kwargs: dict[str, Any] | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    fsync_every: int = 16
+    max_error_fraction: float = 0.01
+    return_token_ids: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
+        known = {k: v for k, v in {**cfg, **extra}.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def answer_affecting(self) -> dict[str, Any]:
+        """What changes an answer (and so names the journal)."""
+        body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        return {**body, **self.extra_body}
+
+    def request_body(self) -> dict[str, Any]:
+        return {**self.answer_affecting(), **({"return_token_ids": True} if self.return_token_ids else {})}
+
+
+def settings_key(model_name: str, settings: GenerationSettings) -> str:
+    """Names the journal: everything that changes an answer, nothing about where files live."""
+    return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy],
+                       KEY_LENGTH)
+
+
+JOURNAL_DIR = Path("results/responses/.journal")
+KEY_LENGTH = 12
+
+
+def journal_path(folder: Path, dataset: str, key: str) -> Path:
+    """A dataset's journal for one settings key (:func:`settings_key`)."""
+    return Path(folder) / f"{dataset}-{key}.jsonl"
+
+
+def journals_of(folder: Path, dataset: str) -> list[Path]:
+    """Every journal of ``dataset``, whatever its settings: names that are exactly
+    ``{dataset}-{key}.jsonl``. A glob on ``{dataset}-*`` also matched the journals of a dataset
+    named ``{dataset}-v2``, and redo deleted them."""
+    name = re.compile(re.escape(dataset) + rf"-[0-9a-f]{{{KEY_LENGTH}}}\.jsonl")
+    return sorted(p for p in Path(folder).glob(f"{dataset}-*.jsonl") if name.fullmatch(p.name))
+
+
+class Journal:
+    """Append-only record log; tolerant of a last line cut by kill -9."""
+
+    def __init__(self, path: Path, fsync_every: int):
+        self.path = path
+        self.fsync_every = fsync_every
+        self._pending = 0
+        self._fh = None
+
+    def load(self) -> dict[str, dict]:
+        """The latest record per prompt id."""
+        records: dict[str, dict] = {}
+        if not self.path.exists():
+            return records
+        good_bytes = 0
+        with self.path.open("rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                try:
+                    if not raw.endswith(b"\n"):
+                        raise ValueError("cut")
+                    rec = json.loads(raw)
+                except ValueError:
+                    log.warning("%s: line %d is incomplete (cut by a kill?); dropping it and resending",
+                                self.path, number)
+                    break
+                if rec.get("format") != RECORD_FORMAT:
+                    raise ValueError(f"{self.path}: line {number} has record format {rec.get('format')!r}, "
+                                     f"this draftsmith writes format {RECORD_FORMAT}; delete the journal "
+                                     "to regenerate that dataset")
+                records[rec["id"]] = rec
+                good_bytes += len(raw)
+        if good_bytes != self.path.stat().st_size:
+            os.truncate(self.path, good_bytes)
+        return records
+
+    def append(self, record: dict) -> None:
+        if self._fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = self.path.open("a", encoding="utf-8")
+        self._fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._pending += 1
+        if self._pending >= self.fsync_every:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._fh is not None and self._pending:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._pending = 0
+
+    def close(self) -> None:
+        self.sync()
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass
+class Outputs:
+    responses: Path
+    stats: Path
+    errors: Path
+    journal: Path
+
+
+@dataclass
+class _Run:
+    """Mutable state of one generation run."""
+
+    done: dict[str, dict]
+    completion_tokens: int = 0
+    kept: int = 0
+    in_flight: int = 0
+    errors: list[dict] = field(default_factory=list)
+    prompts_this_run: int = 0
+    cost: float = 0.0
+    tokens_this_run: int = 0
+    fatal: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    fresh: list[dict] = field(default_factory=list)  # the first answers of this run, for the early check
+    early_checked: bool = False
+
+    def expected_per_request(self, max_tokens: int) -> float:
+        return self.completion_tokens / self.kept if self.kept else float(max_tokens)
+
+
+@dataclass
+class Limits:
+    max_samples: int | None = None
+    token_budget: int | None = None
+
+    def reached(self, run: _Run, max_tokens: int | None = None) -> bool:
+        """Whether the journaled answers meet the limits; with ``max_tokens``, counting the answers
+        in flight as their expected size (``max_tokens`` until the first one finishes)."""
+        in_flight = run.in_flight if max_tokens is not None else 0
+        if self.max_samples is not None and run.kept + in_flight >= self.max_samples:
+            return True
+        expected = in_flight * run.expected_per_request(max_tokens or 0)
+        return self.token_budget is not None and run.completion_tokens + expected >= self.token_budget
+
+
+async def generate(prompts: list[Prompt], client: ChatClient | None, settings: GenerationSettings, outputs: Outputs,
+                   *, max_samples: int | None, token_budget: int | None, dataset: str,
+                   server_exit: Callable[[], str | None] | None = None,
+                   early_check: Callable[[list[dict]], str | None] | None = None) -> dict:
+    """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically.
+
+    ``client`` may be None when :func:`has_work` said there is nothing to send. ``server_exit``
+    returns a message once a managed server has exited, which stops the run at once.
+    ``early_check`` returns a message when the run's first answers would fail tokenization: it is
+    called once, with the first ``EARLY_CHECK_ANSWERS`` (or all, when the run answers fewer).
+    """
+    journal = Journal(outputs.journal, settings.fsync_every)
+    run = _resume(prompts, journal)
+    limits = Limits(max_samples, token_budget)
+    todo = [p for p in prompts if not _journaled(run.done, p)]
+    log.info("%s: %d prompts, %d already journaled, %d to send", dataset, len(prompts), len(prompts) - len(todo),
+             len(todo))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        loop.add_signal_handler(sig, stop.set)
+    bar = tqdm(total=_bar_total(len(prompts), max_samples, token_budget), desc=dataset,
+               unit="tok" if token_budget else "rec", initial=run.completion_tokens if token_budget else run.kept,
+               mininterval=2.0, dynamic_ncols=True)
+    watchdog = asyncio.create_task(_watch_server(server_exit, run, stop)) if server_exit else None
+    try:
+        await _launch_all(todo, client, settings, journal, run, bar, stop, limits, early_check)
+        if early_check and run.fresh and not run.early_checked and not stop.is_set():
+            run.fatal = early_check(run.fresh)
+    finally:
+        if watchdog:
+            watchdog.cancel()
+        journal.close()
+        bar.close()
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)  # e.g. the managed server's "stop me" handler
+    resume_hint = f"{len(run.done)} records are journaled in {outputs.journal} and a rerun resumes from there"
+    if run.fatal:
+        raise GenerationFailed(f"{dataset}: {run.fatal}; no output was written; {resume_hint}")
+    if stop.is_set():
+        raise GenerationInterrupted(f"{dataset}: interrupted; {resume_hint}")
+    _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
+    stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
+    ordered = [run.done[p.id] for p in prompts if _journaled(run.done, p) and run.done[p.id]["status"] == "ok"]
+    write_jsonl(outputs.errors, run.errors)
+    write_json(outputs.stats, stats)
+    write_jsonl(outputs.responses, ordered)
+    return stats
+
+
+def _journaled(done: dict[str, dict], prompt: Prompt) -> bool:
+    record = done.get(prompt.id)
+    return record is not None and record["prompt_hash"] == prompt_digest(prompt.turns, prompt.system)
+
+
+def _resume(prompts: list[Prompt], journal: Journal) -> _Run:
+    """State of a run that starts from what the journal already holds (for these prompts only)."""
+    run = _Run(done=journal.load())
+    for prompt in prompts:
+        record = run.done.get(prompt.id)
+        if _journaled(run.done, prompt) and record["status"] == "ok":
+            run.kept += 1
+            run.completion_tokens += record["usage"]["completion_tokens"]
+    return run
+
+
+def has_work(prompts: list[Prompt], journal_path: Path, max_samples: int | None, token_budget: int | None) -> bool:
+    """Whether a run would send anything, so a finished dataset does not start a server."""
+    run = _resume(prompts, Journal(journal_path, 1))
+    if all(_journaled(run.done, p) for p in prompts):
+        return False
+    return not Limits(max_samples, token_budget).reached(run)
+
+
+def _bar_total(n: int, max_samples: int | None, token_budget: int | None) -> int:
+    if token_budget:
+        return token_budget
+    return min(n, max_samples) if max_samples else n
+
+
+def _check_error_fraction(dataset: str, prompts: list[Prompt], run: _Run, max_fraction: float,
+                          resume_hint: str) -> None:
+    """Fail when too many of the dataset's prompts that were tried have no answer."""
+    tried = len(run.errors) + sum(_journaled(run.done, p) for p in prompts)
+    if not run.errors or len(run.errors) <= max_fraction * tried:
+        return
+    by_class = Counter(e["error_class"] for e in run.errors)
+    first = run.errors[0]
+    raise GenerationFailed(
+        f"{dataset}: {len(run.errors)} of {tried} prompts failed ({len(run.errors) / tried:.1%}, above "
+        f"max_error_fraction {max_fraction:.1%}); by class: {dict(by_class)}; first: {first['id']}: "
+        f"{first['error_class']}: {first['message']}; no output was written; {resume_hint} and retries only "
+        "the failed prompts")
+
+
+async def _watch_server(server_exit: Callable[[], str | None], run: _Run, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        message = server_exit()
+        if message:
+            run.fatal = message
+            stop.set()
+            return
+        await asyncio.sleep(1.0)
+
+
+async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, journal: Journal, run: _Run, bar,
+                      stop: asyncio.Event, limits: Limits,
+                      early_check: Callable[[list[dict]], str | None] | None = None) -> None:
+    """Launch prompts in order, at most ``concurrency`` at once, until done, limits reached or stop."""
+    tasks: set[asyncio.Task] = set()
+    stopper = asyncio.create_task(stop.wait())
+
+    async def wait_some() -> None:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done - {stopper}:
+            tasks.discard(task)
+            try:
+                task.result()  # request failures are handled inside _one; this surfaces the rest
+            except EndpointsDown as err:
+                run.fatal = str(err)
+                stop.set()
+        if early_check and not run.early_checked and len(run.fresh) >= EARLY_CHECK_ANSWERS:
+            run.early_checked = True
+            run.fatal = early_check(run.fresh)
+            if run.fatal:
+                stop.set()
+
+    try:
+        for prompt in todo:
+            # Wait while the slots are full or the in-flight estimate says the limits are met but
+            # the journaled answers do not: the finishing answers decide whether more are needed.
+            while not stop.is_set() and tasks and (len(tasks) >= settings.concurrency
+                                                   or limits.reached(run, settings.max_tokens)):
+                await wait_some()
+            if stop.is_set() or limits.reached(run):
+                break
+            run.in_flight += 1
+            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar)))
+        while tasks and not stop.is_set():
+            await wait_some()
+    finally:
+        stopper.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
+               bar: tqdm) -> None:
+    run.prompts_this_run += 1
+    try:
+        messages: list[dict] = [{"role": "system", "content": prompt.system}] if prompt.system else []
+        turns: list[dict] = []
+        begun = time.monotonic()
+        try:
+            for turn in prompt.turns:  # multi-turn prompts are answered turn by turn, on the model's own history
+                messages.append({"role": "user", "content": turn})
+                result = await client.chat(messages, settings.request_body())
+                answer: dict[str, Any] = {"role": "assistant", "content": result.content}
+                if result.reasoning:
+                    answer["reasoning"] = result.reasoning
+                messages.append(answer)
+                turns.append(_turn_record(result))
+                run.cost += result.cost or 0.0
+                if result.finish_reason == "length":
+                    break
+        except RequestFailed as failed:
+            run.errors.append({"id": prompt.id, "error_class": failed.error_class, "message": failed.message,
+                               "attempts": failed.attempts})
+            log.warning("%s failed: %s", prompt.id, failed)
+            return
+        finish_reasons = [t["finish_reason"] for t in turns]
+        truncated = "length" in finish_reasons
+        status = "dropped_truncated" if truncated and settings.finish_reason_policy == "drop" else "ok"
+        usage = {"prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+                 "completion_tokens": sum(t["completion_tokens"] for t in turns)}
+        record = {"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt_digest(prompt.turns, prompt.system),
+                  "status": status, "messages": messages, "finish_reason": finish_reasons[-1],
+                  "finish_reasons": finish_reasons, "usage": usage, "turns": turns,
+                  "latency_s": round(time.monotonic() - begun, 3)}
+        if settings.finish_reason_policy == "mark":
+            record["truncated"] = truncated
+        journal.append(record)
+        run.done[prompt.id] = record
+        if status == "ok":
+            if len(run.fresh) < EARLY_CHECK_ANSWERS:
+                run.fresh.append(record)
+            run.kept += 1
+            run.completion_tokens += usage["completion_tokens"]
+            run.tokens_this_run += usage["completion_tokens"]
+            bar.update(usage["completion_tokens"] if bar.unit == "tok" else 1)
+            elapsed = max(time.monotonic() - run.started, 1e-6)
+            bar.set_postfix(rec=run.kept, req_s=f"{run.prompts_this_run / elapsed:.2f}",
+                            tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
+    finally:
+        run.in_flight -= 1
+
+
+def _turn_record(result) -> dict:
+    """Per-turn facts the tokenize stage checks against: what the server counted and produced."""
+    turn = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+            "finish_reason": result.finish_reason}
+    if result.prompt_token_ids is not None:
+        turn["prompt_ids_digest"] = ids_digest(result.prompt_token_ids)
+    if result.token_ids is not None:
+        turn["token_ids"] = result.token_ids
+    return turn
+
+
+def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
+           settings: GenerationSettings) -> dict:
+    records = [run.done[p.id] for p in prompts if _journaled(run.done, p)]
+    ok = [r for r in records if r["status"] == "ok"]
+    lat = sorted(r["latency_s"] for r in ok)
+    return {
+        "dataset": dataset,
+        "prompts_available": len(prompts),
+        "records": len(ok),
+        "dropped_truncated": sum(r["status"] == "dropped_truncated" for r in records),
+        "truncated_kept": sum("length" in r["finish_reasons"] for r in ok),
+        "reasoning_records": sum(any("reasoning" in m for m in r["messages"]) for r in ok),
+        "errors": len(run.errors),
+        "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
+        "max_error_fraction": settings.max_error_fraction,
+        "retries": client.stats.retries if client else 0,
+        "retries_by_class": client.stats.retries_by_class if client else {},
+        "requests_by_endpoint": client.requests_by_endpoint if client else [],
+        "prompt_tokens": sum(r["usage"]["prompt_tokens"] for r in ok),
+        "completion_tokens": sum(r["usage"]["completion_tokens"] for r in ok),
+        "max_samples": limits.max_samples,
+        "token_budget": limits.token_budget,
+        "prompts_sent_this_run": run.prompts_this_run,
+        "latency_p50_s": statistics.median(lat) if lat else None,
+        "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
+        "wall_s_this_run": round(wall_s, 3),
+        "cost": run.cost or None,
+    }
+
+
+def make_client(base_urls: str | list[str], model: str, settings: GenerationSettings, api_key_env: str | None,
+                headers: dict[str, Any] | None, health: HealthPolicy | None = None,
+                max_retry_after_s: float = 600.0) -> ChatClient:
+    """Secrets (the API key, header values given as ``{env: NAME}``) come from the environment only."""
+    api_key = _from_env(api_key_env, "generation_server.api_key_env") if api_key_env else None
+    resolved = {name: _from_env(value["env"], f"generation_server.headers.{name}") if isinstance(value, dict) else value
+                for name, value in (headers or {}).items()}
+    return ChatClient(base_urls, model, api_key=api_key, headers=resolved,
+                      request_timeout_s=settings.request_timeout_s, connect_timeout_s=settings.connect_timeout_s,
+                      retry=RetryPolicy(max_attempts=settings.max_attempts, max_retry_after_s=max_retry_after_s),
+                      health=health, max_connections=settings.concurrency)
+
+
+def _from_env(name: str, key: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ValueError(f"environment variable {name} ({key}) is not set")
+    return value

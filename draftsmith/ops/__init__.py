@@ -1,0 +1,1 @@
+"""Running the workflow: preflight, plan, status, redo, job runner, GPU leases, stops, time spent."""

@@ -1,0 +1,220 @@
+"""A plan before running: tokens, bytes, time and cost per dataset and stage, and whether it fits.
+
+Cheap by design: it reads the prompt files, the target's ``config.json`` (or GGUF header) and its
+tokenizer, never the weights, and starts no server. Estimates come from the config (budgets,
+``max_samples``, ``max_tokens``) and, where a journal exists, from the answers measured so far;
+throughputs from ``plan.throughput`` or from timings of earlier runs (``results/timings``).
+When the workflow has run, the plan also shows what was measured next to what it estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.config.target import Facts
+from draftsmith.generation.generate import journals_of
+
+BYTES_PER_VALUE = 2  # bf16
+TB = 1e12
+
+
+@dataclass
+class DatasetPlan:
+    name: str
+    prompts: int
+    samples: float
+    completion_per_sample: float
+    completion_source: str
+    prompt_tokens_per_sample: float
+    prior_completion_tokens: float = 0.0  # from the config alone, before anything was measured
+    completion_tokens: float = 0.0
+    sequence_tokens: float = 0.0
+
+
+def bytes_per_token(hidden_size: int, slots: int = 4, storage: str = "bf16") -> int:
+    """(3 auxiliary + 1 final) layers x hidden in ``storage`` (bf16: 2 bytes; fp8: 1, plus a float32
+    scale per layer), plus the int64 token id."""
+    if storage == "fp8":
+        return slots * (hidden_size + 4) + 8
+    return slots * hidden_size * BYTES_PER_VALUE + 8
+
+
+def hidden_state_bytes(tokens: float, facts: Facts, layout: str, rows: float, storage: str = "bf16") -> float:
+    """Offline storage, with file overhead (a safetensors header per file; shards share theirs)."""
+    overhead = 4096 * rows if layout == "per_row" else 0
+    return tokens * bytes_per_token(facts.hidden_size, storage=storage) + overhead
+
+
+def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:
+    """Mean completion tokens of the answers journaled so far for a dataset (any settings)."""
+    lengths = []
+    for path in journals_of(journal_dir, dataset):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.endswith("}"):
+                record = json.loads(line)
+                if record.get("status") == "ok":
+                    lengths.append(record["usage"]["completion_tokens"])
+    return (statistics.fmean(lengths), len(lengths)) if lengths else None
+
+
+def plan_dataset(name: str, entry: dict, prompts: list, prompt_tokens: float, fraction: float, journal_dir: Path,
+                 max_length: int) -> DatasetPlan:
+    max_tokens = entry["generation"]["max_tokens"]
+    prior = fraction * max_tokens
+    measured = journal_mean(journal_dir, name)
+    per_sample, source = (measured[0], f"measured over {measured[1]} answers") if measured else \
+        (prior, f"{fraction:g} x max_tokens {max_tokens}")
+
+    def samples_for(per: float) -> float:
+        n = float(len(prompts) if entry["max_samples"] is None else min(len(prompts), entry["max_samples"]))
+        return min(n, entry["token_budget"] / per) if entry["token_budget"] is not None and per else n
+
+    samples = samples_for(per_sample)
+    plan = DatasetPlan(name, len(prompts), samples, per_sample, source, prompt_tokens)
+    plan.prior_completion_tokens = samples_for(prior) * prior
+    plan.completion_tokens = samples * per_sample
+    plan.sequence_tokens = samples * min(prompt_tokens + per_sample, max_length)
+    return plan
+
+
+@dataclass
+class Throughput:
+    generation_tok_s: float | None
+    extraction_tok_s: float | None
+    training_tok_s: float | None
+    sources: dict
+
+
+def measured_throughput(results: Path, configured: dict) -> Throughput:
+    """Configured figures win; else tokens per second of earlier runs' jobs (results/timings)."""
+    def timing(path: Path) -> float | None:
+        if not path.exists():
+            return None
+        lines = path.read_text().splitlines()
+        return float(lines[1].split("\t")[0]) if len(lines) > 1 else None
+
+    found, sources = {}, {}
+    gen = [(json.loads(p.read_text())["completion_tokens"],
+            timing(results / "timings" / "generate" / f"{p.name.removesuffix('.stats.json')}.tsv"))
+           for p in (results / "responses").glob("*.stats.json")]
+    hs = [(json.loads(p.read_text())["tokens"], timing(results / "timings" / "hidden_states" / f"{p.parent.name}.tsv"))
+          for p in (results / "hidden_states").glob("*/manifest.json")]
+    training = results / "train" / "training.json"
+    for key, pairs in (("generation_tok_s", gen), ("extraction_tok_s", hs)):
+        pairs = [(t, s) for t, s in pairs if s]
+        if pairs:
+            found[key], sources[key] = sum(t for t, _ in pairs) / sum(s for _, s in pairs), "measured (earlier run)"
+    seconds = timing(results / "timings" / "train.tsv")
+    if training.exists() and seconds:
+        summary = json.loads(training.read_text())
+        tokens = summary.get("trained_tokens")
+        if tokens:
+            found["training_tok_s"], sources["training_tok_s"] = tokens / seconds, "measured (earlier run)"
+    for key, value in configured.items():
+        if value is not None:
+            found[key], sources[key] = value, "configured"
+    return Throughput(found.get("generation_tok_s"), found.get("extraction_tok_s"), found.get("training_tok_s"),
+                      sources)
+
+
+def _tb(value: float) -> str:
+    if value >= 1e11:
+        return f"{value / TB:.2f} TB ({value / 2**40:.2f} TiB)"
+    return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
+
+
+def _hours(tokens: float, rate: float | None) -> str:
+    return "–" if not rate else f"{tokens / rate / 3600:.1f} h"
+
+
+def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Throughput, free_bytes: float,
+           free_source: str) -> tuple[str, dict]:
+    hs_cfg, train = config["hidden_states"], config["train"]
+    completion = sum(p.completion_tokens for p in plans)
+    sequence = sum(p.sequence_tokens for p in plans)
+    rows = sum(p.samples for p in plans)
+    storage = hs_cfg["storage"]
+    layouts = {layout: hidden_state_bytes(sequence, facts, layout, rows, storage) for layout in ("shards", "per_row")}
+    need = 0.0 if hs_cfg["mode"] == "online" else layouts[hs_cfg["layout"]]
+    fits = need <= 0.95 * free_bytes
+    in_fp8 = hidden_state_bytes(sequence, facts, hs_cfg["layout"], rows, "fp8")
+    cost = config["plan"]["gpu_hour_cost"]
+    lines = ["# draftsmith plan", "",
+             f"Target: {facts.num_layers} layers, hidden size {facts.hidden_size}, vocabulary {facts.vocab_size}. "
+             f"Hidden states **{hs_cfg['mode']}**"
+             + ("" if hs_cfg["mode"] == "online" else f" ({hs_cfg['layout']}, {storage})")
+             + f"; {train['epochs']} training epochs.", "",
+             "| dataset | prompts | samples | completion tokens / sample | completion tokens | sequence tokens | "
+             f"hidden states (shards, {storage}) |", "|---|---:|---:|---|---:|---:|---:|"]
+    for p in plans:
+        lines.append(f"| {p.name} | {p.prompts:,} | {p.samples:,.0f} | {p.completion_per_sample:,.0f} "
+                     f"({p.completion_source}) | {p.completion_tokens:,.0f} | {p.sequence_tokens:,.0f} | "
+                     f"{_tb(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.samples, storage))} |")
+    lines += ["", "| stage | work | throughput | time | GPU-hours cost |", "|---|---|---|---:|---:|"]
+    stages = [("generate", completion, "completion tokens", throughput.generation_tok_s, "generation_tok_s",
+               config["server"]["gpus"]),
+              ("hidden_states", 0 if hs_cfg["mode"] == "online" else sequence, "sequence tokens",
+               throughput.extraction_tok_s, "extraction_tok_s", config["server"]["gpus"]),
+              ("train", sequence * train["epochs"], "sequence tokens x epochs", throughput.training_tok_s,
+               "training_tok_s", train["gpus"] + (config["server"]["gpus"] if hs_cfg["mode"] == "online" else 0))]
+    for name, work, unit, rate, key, gpus in stages:
+        hours = work / rate / 3600 if rate else None
+        money = f"{hours * gpus * cost:,.0f}" if hours is not None and cost and gpus else "–"
+        source = throughput.sources.get(key, "set plan.throughput." + key)
+        lines.append(f"| {name} | {work:,.0f} {unit} | {f'{rate:,.0f} tok/s' if rate else 'unknown'} ({source}) | "
+                     f"{_hours(work, rate)} | {money} |")
+    lines += ["", "## Disk", "",
+              f"- Hidden states, offline in {storage}: **{_tb(layouts['shards'])}** in shards, "
+              f"{_tb(layouts['per_row'])} one file per row ({rows:,.0f} files)"
+              + ("" if storage == "fp8" else f"; in fp8: {_tb(in_fp8)} ({hs_cfg['layout']})")
+              + "; online: nothing stored.",
+              f"- Free where the results go: {_tb(free_bytes)} ({free_source}).",
+              f"- This config needs {_tb(need)}: " + ("it fits." if fits else "**it does not fit.**")]
+    if not fits and storage == "bf16":
+        fp8_rows = rows * 0.95 * free_bytes / in_fp8
+        lines.append(f"- In fp8 (`hidden_states: {{storage: fp8}}`: a float32 scale per token and layer, dequantized "
+                     f"when training reads it) it needs {_tb(in_fp8)}: "
+                     + ("**it fits.**" if fp8_rows >= rows else
+                        f"about {fp8_rows:,.0f} of the {rows:,.0f} rows fit, not enough for this config either."))
+    if not fits:
+        lines.append(f"- Use `hidden_states: {{mode: online}}` (nothing stored; the train job serves the target), or "
+                     f"a volume with {_tb(need / 0.95)} free, or fewer samples "
+                     f"(about {rows * 0.95 * free_bytes / need:,.0f} fit).")
+    plan = {"completion_tokens": completion, "sequence_tokens": sequence, "rows": rows,
+            "storage": storage, "hidden_state_bytes": layouts, "fp8_bytes": in_fp8, "needed_bytes": need,
+            "free_bytes": free_bytes, "fits": fits,
+            "datasets": {p.name: p.__dict__ for p in plans}}
+    return "\n".join(lines) + "\n", plan
+
+
+def free_space(results: Path, configured_tb: float | None) -> tuple[float, str]:
+    if configured_tb is not None:
+        return configured_tb * TB, "plan.free_tb"
+    folder = results
+    while not folder.exists():
+        folder = folder.parent
+    return float(shutil.disk_usage(folder).free), f"measured at {results}"
+
+
+def measured_section(results: Path, plans: list[DatasetPlan]) -> list[str]:
+    """Estimates next to what an earlier run measured, per dataset and stage."""
+    lines = []
+    for p in plans:
+        stats = results / "responses" / f"{p.name}.stats.json"
+        manifest = results / "hidden_states" / p.name / "manifest.json"
+        if stats.exists() and p.prior_completion_tokens:
+            done = json.loads(stats.read_text())["completion_tokens"]
+            lines.append(f"| {p.name} | completion tokens (from the config alone) | {p.prior_completion_tokens:,.0f} | "
+                         f"{done:,} | {done / p.prior_completion_tokens:.2f} |")
+        if manifest.exists() and p.sequence_tokens:
+            m = json.loads(manifest.read_text())
+            lines.append(f"| {p.name} | sequence tokens | {p.sequence_tokens:,.0f} | {m['tokens']:,} | "
+                         f"{m['tokens'] / p.sequence_tokens:.2f} |")
+    if not lines:
+        return []
+    return ["", "## Estimated vs measured (an earlier run of this config)", "",
+            "| dataset | quantity | estimated | measured | measured / estimated |", "|---|---|---:|---:|---:|", *lines]

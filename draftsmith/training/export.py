@@ -1,0 +1,159 @@
+"""Export a trained drafter for the engines that serve it, and check it there before calling it done.
+
+- **vLLM**: speculators' own format (``config.json`` with ``speculators_config``, weights with
+  ``d2t``/``t2d``), the verifier named by its hub id (or a relative path) so the folder moves.
+- **SGLang**: the layout SGLang's ``LlamaForCausalLMEagle3`` loads (and SpecForge writes): a
+  ``LlamaConfig`` with ``draft_vocab_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``,
+  the decoder layer named ``midlayer.*``, ``d2t``/``t2d`` alongside. SGLang's layer is the
+  original EAGLE-3 one: a drafter trained with speculators' extra norms (``norm_before_residual``,
+  ``norm_before_fc``, ``norm_output``) or more than one layer computes something else there, so
+  it is refused rather than exported wrong.
+- **Gate**: vLLM loads the exported drafter and continues a few validation rows from their prompt
+  tokens at temperature 0 (the target then writes the answers the drafter was validated on);
+  the export fails when the drafter does not load, drafts nothing, or accepts far less than its
+  validation accuracy says it should (the signature of a broken vocabulary mapping).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from draftsmith.core.atomic import atomic_path, write_json
+
+SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
+UNSUPPORTED_BY_SGLANG = ("norm_before_residual", "norm_before_fc", "norm_output", "fc_norm")
+
+
+class ExportRefused(ValueError):
+    pass
+
+
+def tensor_shapes(weights: Path) -> dict[str, list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(weights, framework="pt") as fh:
+        return {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - not a dict
+
+
+def check_drafter(weights: Path, config_path: Path) -> dict[str, list[int]]:
+    """Refuse a checkpoint missing the tensors vLLM needs to map draft tokens (d2t/t2d) or fuse layers."""
+    config = json.loads(config_path.read_text())
+    hidden = config["transformer_layer_config"]["hidden_size"]
+    target_hidden = config.get("target_hidden_size") or hidden
+    shapes = tensor_shapes(weights)
+    for key in ("d2t", "t2d", "fc.weight", "lm_head.weight"):
+        if key not in shapes:
+            raise ValueError(f"{weights}: drafter has no {key!r} tensor")
+    if shapes["fc.weight"] != [hidden, 3 * target_hidden]:
+        raise ValueError(f"{weights}: fc.weight is {shapes['fc.weight']}, expected [{hidden}, {3 * target_hidden}]")
+    if shapes["d2t"][0] != shapes["lm_head.weight"][0]:
+        raise ValueError(f"{weights}: d2t has {shapes['d2t'][0]} entries but lm_head has {shapes['lm_head.weight'][0]}")
+    return shapes
+
+
+def export_vllm(checkpoint: Path, weights_out: Path, config_out: Path, verifier_ref: str) -> dict:
+    """Copy the checkpoint to the drafter folder with a portable verifier reference, and check it."""
+    check_drafter(checkpoint / "model.safetensors", checkpoint / "config.json")
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = verifier_ref
+    with atomic_path(weights_out) as tmp:
+        shutil.copyfile(checkpoint / "model.safetensors", tmp)
+    write_json(config_out, config)
+    return config
+
+
+def sglang_refusal(config: dict) -> str | None:
+    """Why SGLang's LlamaForCausalLMEagle3 would not compute this drafter, or None."""
+    flags = [k for k in UNSUPPORTED_BY_SGLANG if config.get(k)]
+    if flags:
+        return (f"the drafter uses {', '.join(f'{k}=true' for k in flags)}, which SGLang's {SGLANG_ARCHITECTURE} "
+                "does not implement (train with train.architecture: eagle3, or set export.sglang: false)")
+    layer_type = config["transformer_layer_config"].get("model_type", "llama")
+    if layer_type != "llama":
+        return (f"the drafter's decoder layer is {layer_type} (train.draft_arch); SGLang's {SGLANG_ARCHITECTURE} "
+                "is llama")
+    layers = config["transformer_layer_config"]["num_hidden_layers"]
+    if layers != 1:
+        return f"the drafter has {layers} decoder layers; SGLang's {SGLANG_ARCHITECTURE} export here supports 1"
+    return None
+
+
+def sglang_config(config: dict) -> dict:
+    """The LlamaConfig SGLang reads, from a speculators EAGLE-3 config."""
+    layer = dict(config["transformer_layer_config"])
+    rope = layer.pop("rope_parameters", None) or {}
+    for key in ("layer_types", "sliding_window", "use_sliding_window", "auto_map"):
+        layer.pop(key, None)
+    out = {**layer, "architectures": [SGLANG_ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
+           "tie_word_embeddings": False, "draft_vocab_size": config["draft_vocab_size"],
+           "torch_dtype": config.get("dtype", "bfloat16"),
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"],
+                            "use_aux_hidden_state": True}}
+    if rope:
+        out["rope_theta"] = rope.get("rope_theta", 10000.0)
+        if rope.get("rope_type", "default") != "default":
+            out["rope_scaling"] = rope
+    if config.get("target_hidden_size"):
+        out["target_hidden_size"] = config["target_hidden_size"]
+    return out
+
+
+def sglang_name(name: str) -> str:
+    return name.replace("layers.0.", "midlayer.", 1) if name.startswith("layers.0.") else name
+
+
+def export_sglang(checkpoint: Path, out_dir: Path) -> dict:
+    """Write ``out_dir`` (config.json + model.safetensors) in SGLang's EAGLE-3 layout."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    refusal = sglang_refusal(config)
+    if refusal:
+        raise ExportRefused(f"{checkpoint}: no SGLang export: {refusal}")
+    weights = {sglang_name(k): v for k, v in load_file(checkpoint / "model.safetensors").items()}
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(sglang_config(config), indent=2, sort_keys=True) + "\n")
+    return {"tensors": sorted(weights)}
+
+
+def gate_rows(merged: Path, count: int, max_tokens: int = 64) -> list[tuple[list[int], int]]:
+    """``(prompt token ids, tokens to generate)`` of the first validation rows: the ids before the
+    first supervised token, and as many tokens as that first answer has (capped)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from draftsmith.data.merge import VALIDATION
+
+    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "split"])
+    table = table.filter(pc.equal(table.column("split"), VALIDATION))
+    rows = []
+    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(), strict=True):
+        start = mask.index(1)
+        end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
+        rows.append((ids[:start], min(end - start, max_tokens)))
+        if len(rows) == count:
+            break
+    return rows
+
+
+def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1) -> tuple[bool, str]:
+    """Whether the served drafter behaves like the trained one.
+
+    ``expected_first`` is the validation accuracy of the first drafted token; served, the first
+    position's acceptance rate should be of the same order. A broken mapping gives ~0.
+    """
+    drafts = acceptance["drafts"]
+    if not drafts:
+        return False, "vLLM loaded the drafter but proposed no draft tokens"
+    served = (acceptance["acceptance_rate_per_position"] or [0.0])[0] or 0.0
+    if expected_first is None or expected_first < min_expected:
+        return True, (f"served first-token acceptance {served:.3f}; the drafter is too weak (validation "
+                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping")
+    if served < expected_first / 4:
+        return False, (f"served first-token acceptance {served:.3f} is far below the validation accuracy "
+                       f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target")
+    return True, f"served first-token acceptance {served:.3f} (validation {expected_first:.3f})"
