@@ -5,10 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)  # the draftsmith package, when not pip-installed
 
-from draftsmith.ops import preflight
-
 from draftsmith.config import target as targets
-from draftsmith.core.digest import json_digest
 from draftsmith.config.load import (
     ConfigError,
     config_files,
@@ -16,6 +13,8 @@ from draftsmith.config.load import (
     result_view,
     validate_config,
 )
+from draftsmith.core.digest import json_digest
+from draftsmith.ops import preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
 
 # The config is layered here rather than with `configfile:`: the schema's defaults, then the

@@ -40,11 +40,14 @@ def test_a_dry_run_deletes_nothing_and_says_what_would_go(work, capsys, preview)
     assert execs[0][-2:] == ["--forcerun", "results/responses/everyday.jsonl"] and preview in execs[0]
 
 
-def test_redoing_a_dataset_leaves_the_journal_of_one_whose_name_it_prefixes(work, capsys):
+@pytest.mark.parametrize("directory", [["-d", "{}"], ["--directory", "{}"], ["--directory={}"]])
+def test_redoing_a_dataset_leaves_the_journal_of_one_whose_name_it_prefixes(work, capsys, directory):
+    """Snakemake's three spellings of the folder all reach the project they name (``--directory=``
+    was read as the current folder: a redo there deletes another project's work)."""
     tmp, _ = work
     other = tmp / "results" / "responses" / ".journal" / "everyday-v2-fedcba987654.jsonl"
     other.write_text("paid for\n")  # the journals of dataset everyday-v2 (everyday-* matched it)
-    redo.main(["answers", "everyday", "--yes", "-d", str(tmp)])
+    redo.main(["answers", "everyday", "--yes", *(a.format(tmp) for a in directory)])
     assert other.exists() and not (tmp / "results" / "responses" / ".journal" / "everyday-0123456789ab.jsonl").exists()
 
 

@@ -23,6 +23,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from draftsmith.config import snakemake_args
+
 SCHEMA = yaml.safe_load(files("draftsmith.config").joinpath("schema.yaml").read_text())
 WORKFLOW_DIR = Path(__file__).resolve().parents[2]  # the checkout: Snakefile, config/, rules/
 REPLACED = (("datasets",), ("evaluation", "prompt_sets"))
@@ -202,18 +204,8 @@ def from_snakemake_args(args: list[str], workflow_dir: Path) -> dict[str, Any]:
 
 def snakemake_layers(args: list[str], workflow_dir: Path) -> tuple[list[Path], dict[str, Any]]:
     """The config files and ``--config`` overrides of a ``snakemake`` command line."""
-    files, entries, i = [], [], 0
-    while i < len(args):
-        if args[i].startswith(("--configfile=", "--configfiles=")):
-            files.append(Path(args[i].partition("=")[2]))
-        elif args[i].startswith("--config="):
-            entries.append(args[i].partition("=")[2])
-        elif args[i] in ("--configfile", "--configfiles", "--config", "-C"):
-            kind, values = (Path, files) if args[i].startswith("--configfile") else (str, entries)
-            while i + 1 < len(args) and not args[i + 1].startswith("-"):
-                values.append(kind(args[i + 1]))
-                i += 1
-        i += 1
+    parsed = snakemake_args.parse(args)
+    files, entries = parsed.configfiles, parsed.config_entries
     overrides = {}
     if entries:
         from snakemake.cli import parse_config  # Snakemake's own reading of KEY=VALUE

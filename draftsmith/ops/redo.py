@@ -22,17 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.config.load import WORKFLOW_DIR, ConfigError, from_snakemake_args
+from draftsmith.config.snakemake_args import parse as parse_snakemake_args
 from draftsmith.generation.generate import JOURNAL_DIR, journals_of
 from draftsmith.ops import spent
 
 ASK_ABOVE_S = 300.0
-DRY_RUN_FLAGS = ("-n", "--dry-run", "--dryrun")
-
-
-def is_dry_run(arg: str) -> bool:
-    """``-n`` alone or among combined short flags (``-np``: a preview, which deleted before)."""
-    return arg in DRY_RUN_FLAGS or (arg.startswith("-") and not arg.startswith("--") and "n" in arg[1:])
-
 LOG = {"hidden_states": "logs/hidden_states/{}.log", "answers": "logs/generate/{}.log"}  # the jobs' ledgers
 STAGES = {
     "hidden_states": lambda d: [Path("results/hidden_states") / d],
@@ -111,14 +105,12 @@ def main(argv: list[str], workflow_dir: Path = WORKFLOW_DIR) -> None:
     stage, dataset, *rest = argv
     yes = "--yes" in rest
     snakemake_args = [a for a in rest if a != "--yes"]
-    dry_run = any(is_dry_run(a) for a in snakemake_args)
-    workdir = next((snakemake_args[i + 1] for i, a in enumerate(snakemake_args[:-1]) if a in ("-d", "--directory")),
-                   ".")
+    parsed = parse_snakemake_args(snakemake_args)
     datasets = datasets_of(snakemake_args, workflow_dir)
     check(stage, dataset, datasets)
-    os.chdir(workdir)
+    os.chdir(parsed.directory or ".")
     what = plan(stage, dataset)
-    if dry_run:
+    if parsed.dry_run:
         for path in what.paths:
             print(f"draftsmith redo: would remove {path} ({human_bytes(size(path))})", file=sys.stderr)
         print(f"draftsmith redo: dry run, nothing deleted ({what.describe()} would be)", file=sys.stderr)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from draftsmith.config.load import WORKFLOW_DIR, from_snakemake_args
+from draftsmith.config.snakemake_args import parse as parse_snakemake_args
 from draftsmith.generation.generate import JOURNAL_DIR, journals_of
 
 CACHE = Path(".snakemake/draftsmith-status.json")
@@ -250,9 +251,7 @@ def render(status: Status) -> str:
 def main(argv: list[str]) -> None:
     """``python -m draftsmith.ops.status [-d WORKDIR] [--configfile FILE ...] [--json]``"""
     config = from_snakemake_args(argv, WORKFLOW_DIR)
-    if "-d" in argv or "--directory" in argv:
-        flag = "-d" if "-d" in argv else "--directory"
-        os.chdir(argv[argv.index(flag) + 1])
+    os.chdir(parse_snakemake_args(argv).directory or ".")
     status = collect(config)
     print(json.dumps(asdict(status), indent=1) if "--json" in argv else render(status))
 
