@@ -5,6 +5,7 @@ from pathlib import Path
 from draftsmith.config import target
 from draftsmith.config.layers import choose_aux_layers
 from draftsmith.core import compute
+from draftsmith.core.units import human_bytes
 from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.hidden_states import extract as hs
 from draftsmith.hidden_states.store import fingerprint, open_store
@@ -25,7 +26,7 @@ def main() -> None:
                                            cfg["storage"]), cfg["layout"], cfg["shard_mb"], cfg["storage"])
     freed = store.purge_stale()
     if freed:
-        log.info("deleted %.1f MiB of hidden states made with other settings", freed / 2**20)
+        log.info("deleted %s of hidden states made with other settings", human_bytes(freed))
     if store.layout == "shards":
         for path in store.drop_damaged(full=ops["verify"] == "sha256"):
             log.warning("%s is damaged (size or sha256); its rows are extracted again", path)

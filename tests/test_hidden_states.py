@@ -179,7 +179,7 @@ def test_too_many_failed_rows_fail_the_job_and_are_recorded(tmp_path):
 
 def test_disk_estimate_refuses_before_work(tmp_path):
     need = 10**12 * bytes_per_token(7168, 4)
-    with pytest.raises(OSError, match=r"hidden states need about .* GiB but only"):
+    with pytest.raises(OSError, match=r"hidden states need about [0-9.]+ TB \([0-9.]+ TiB\) but only"):
         hs.check_disk(tmp_path, need)
     hs.check_disk(tmp_path, 100 * bytes_per_token(576, 4))
 

@@ -6,6 +6,7 @@ import pytest
 
 from draftsmith.config.load import load_layers, validate_config
 from draftsmith.config.target import Facts
+from draftsmith.core.units import human_bytes
 from draftsmith.data.datasets import Prompt
 from draftsmith.ops import plan
 from tests.conftest import REPO
@@ -72,3 +73,9 @@ def test_online_mode_needs_no_disk(tmp_path):
                            tmp_path, 10240)
     _, data = plan.render([ds], KIMI, config, plan.measured_throughput(tmp_path, {}), 2.9e12, "x")
     assert data["needed_bytes"] == 0 and data["fits"]
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (5000, "4.9 KiB"), (3 * 2**20, "3.0 MiB"), (5 * 2**30, "5.0 GiB"),
+                                     (6.09e12, "6.09 TB (5.54 TiB)")])
+def test_one_way_to_print_a_size(n, text):
+    assert human_bytes(n) == text

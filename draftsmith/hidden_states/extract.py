@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from draftsmith.core.atomic import write_json
+from draftsmith.core.units import human_bytes
 from draftsmith.hidden_states.store import HiddenStateStore, Writer
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,9 @@ log = logging.getLogger(__name__)
 def check_disk(folder: Path, need: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(folder).free
-    log.info("hidden states need about %.1f MiB; %.1f MiB free at %s", need / 2**20, free / 2**20, folder)
+    log.info("hidden states need about %s; %s free at %s", human_bytes(need), human_bytes(free), folder)
     if need > free * 0.95:
-        raise OSError(f"hidden states need about {need / 2**30:.2f} GiB but only {free / 2**30:.2f} GiB is free "
+        raise OSError(f"hidden states need about {human_bytes(need)} but only {human_bytes(free)} is free "
                       f"at {folder}; free space or point results/ at a larger disk")
 
 

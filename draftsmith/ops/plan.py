@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.config.target import Facts
+from draftsmith.core.units import TB, human_bytes
 from draftsmith.generation.generate import journals_of
 
 BYTES_PER_VALUE = 2  # bf16
-TB = 1e12
 
 
 @dataclass
@@ -121,12 +121,6 @@ def measured_throughput(results: Path, configured: dict) -> Throughput:
                       sources)
 
 
-def _tb(value: float) -> str:
-    if value >= 1e11:
-        return f"{value / TB:.2f} TB ({value / 2**40:.2f} TiB)"
-    return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**20:.1f} MiB"
-
-
 def _hours(tokens: float, rate: float | None) -> str:
     return "–" if not rate else f"{tokens / rate / 3600:.1f} h"
 
@@ -153,7 +147,7 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
     for p in plans:
         lines.append(f"| {p.name} | {p.prompts:,} | {p.samples:,.0f} | {p.completion_per_sample:,.0f} "
                      f"({p.completion_source}) | {p.completion_tokens:,.0f} | {p.sequence_tokens:,.0f} | "
-                     f"{_tb(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.samples, storage))} |")
+                     f"{human_bytes(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.samples, storage))} |")
     lines += ["", "| stage | work | throughput | time | GPU-hours cost |", "|---|---|---|---:|---:|"]
     stages = [("generate", completion, "completion tokens", throughput.generation_tok_s, "generation_tok_s",
                config["server"]["gpus"]),
@@ -168,21 +162,21 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
         lines.append(f"| {name} | {work:,.0f} {unit} | {f'{rate:,.0f} tok/s' if rate else 'unknown'} ({source}) | "
                      f"{_hours(work, rate)} | {money} |")
     lines += ["", "## Disk", "",
-              f"- Hidden states, offline in {storage}: **{_tb(layouts['shards'])}** in shards, "
-              f"{_tb(layouts['per_row'])} one file per row ({rows:,.0f} files)"
-              + ("" if storage == "fp8" else f"; in fp8: {_tb(in_fp8)} ({hs_cfg['layout']})")
+              f"- Hidden states, offline in {storage}: **{human_bytes(layouts['shards'])}** in shards, "
+              f"{human_bytes(layouts['per_row'])} one file per row ({rows:,.0f} files)"
+              + ("" if storage == "fp8" else f"; in fp8: {human_bytes(in_fp8)} ({hs_cfg['layout']})")
               + "; online: nothing stored.",
-              f"- Free where the results go: {_tb(free_bytes)} ({free_source}).",
-              f"- This config needs {_tb(need)}: " + ("it fits." if fits else "**it does not fit.**")]
+              f"- Free where the results go: {human_bytes(free_bytes)} ({free_source}).",
+              f"- This config needs {human_bytes(need)}: " + ("it fits." if fits else "**it does not fit.**")]
     if not fits and storage == "bf16":
         fp8_rows = rows * 0.95 * free_bytes / in_fp8
         lines.append(f"- In fp8 (`hidden_states: {{storage: fp8}}`: a float32 scale per token and layer, dequantized "
-                     f"when training reads it) it needs {_tb(in_fp8)}: "
+                     f"when training reads it) it needs {human_bytes(in_fp8)}: "
                      + ("**it fits.**" if fp8_rows >= rows else
                         f"about {fp8_rows:,.0f} of the {rows:,.0f} rows fit, not enough for this config either."))
     if not fits:
         lines.append(f"- Use `hidden_states: {{mode: online}}` (nothing stored; the train job serves the target), or "
-                     f"a volume with {_tb(need / 0.95)} free, or fewer samples "
+                     f"a volume with {human_bytes(need / 0.95)} free, or fewer samples "
                      f"(about {rows * 0.95 * free_bytes / need:,.0f} fit).")
     plan = {"completion_tokens": completion, "sequence_tokens": sequence, "rows": rows,
             "storage": storage, "hidden_state_bytes": layouts, "fp8_bytes": in_fp8, "needed_bytes": need,

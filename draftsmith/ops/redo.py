@@ -23,6 +23,7 @@ from pathlib import Path
 
 from draftsmith.config.load import WORKFLOW_DIR, ConfigError, from_snakemake_args
 from draftsmith.config.snakemake_args import parse as parse_snakemake_args
+from draftsmith.core.units import human_bytes
 from draftsmith.generation.generate import JOURNAL_DIR, journals_of
 from draftsmith.ops import spent
 
@@ -51,14 +52,6 @@ class Plan:
     def describe(self) -> str:
         took = f", made in {self.seconds / 60:.1f} min" if self.seconds is not None else ""
         return f"{len(self.paths)} path(s), {human_bytes(self.bytes)}{took}"
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    raise AssertionError
 
 
 def size(path: Path) -> int:

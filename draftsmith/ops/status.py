@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from draftsmith.config.load import WORKFLOW_DIR, from_snakemake_args
 from draftsmith.config.snakemake_args import parse as parse_snakemake_args
+from draftsmith.core.units import human_bytes
 from draftsmith.generation.generate import JOURNAL_DIR, journals_of
 
 CACHE = Path(".snakemake/draftsmith-status.json")
@@ -237,7 +238,7 @@ def render(status: Status) -> str:
     for d in status.datasets:
         state = "done" if d.hidden_states_done else (d.hidden_states_progress or "")
         lines.append(f"  {d.name:<26} {_n(d.hidden_state_rows):>6} / {_n(d.hidden_state_total):<8} "
-                     f"{d.hidden_state_bytes / 2**30:>8.2f} GiB  {state}")
+                     f"{human_bytes(d.hidden_state_bytes):>11}  {state}")
     t = status.training
     tau = f"{t.best_simulated_tau:.3f}" if t.best_simulated_tau is not None else "–"
     lines.append(f"training: {'done' if t.done else 'run ' + (t.run or '–')}, {t.epochs_validated} of {t.epochs} "
