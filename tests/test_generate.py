@@ -10,6 +10,7 @@ import pytest
 from draftsmith.data.datasets import Prompt
 from draftsmith.generation.client import HealthPolicy, RetryPolicy
 from draftsmith.generation.generate import (
+    RECORD_FORMAT,
     GenerationFailed,
     GenerationSettings,
     Journal,
@@ -206,6 +207,18 @@ def test_journal_from_another_format_is_refused(tmp_path):
     path.write_text(json.dumps({"format": 0, "id": "x"}) + "\n")
     with pytest.raises(ValueError, match=r"record format 0.*delete the journal"):
         Journal(path, 1).load()
+
+
+def test_a_damaged_journal_line_costs_that_answer_only(tmp_path, caplog):
+    """A line that cannot be read (a torn write sealed by a later append, a bad disk block) used to
+    end the reading, and the journal was truncated there: every answer after it was paid again."""
+    path = tmp_path / "j.jsonl"
+    good = [{"format": RECORD_FORMAT, "id": f"p{i}", "status": "ok"} for i in range(3)]
+    path.write_text(json.dumps(good[0]) + '\n{"format": 3, "id": "p' + "\n" + json.dumps(good[1]) + "\n"
+                    + json.dumps(good[2]) + "\n" + '{"format": ')
+    assert sorted(Journal(path, 1).load()) == ["p0", "p1", "p2"]
+    assert "skipped the line at byte" in caplog.text and "last line was cut" in caplog.text
+    assert path.read_text().endswith(json.dumps(good[2]) + "\n")  # the cut tail is gone, the rest kept
 
 
 def test_too_many_failed_prompts_fail_the_run_and_keep_the_journal(server, tmp_path):

@@ -100,6 +100,9 @@ def test_a_shard_cut_by_a_kill_is_not_taken_as_done(tmp_path):
     with (tmp_path / "hs" / "index.jsonl").open("a") as fh:
         fh.write('{"shard": "shard_000009.safetensors", "ro')  # an index line cut by a kill
     assert store.entries() == []
+    with store.writer() as writer:  # the rerun's shard is indexed on a line of its own, and read
+        writer.write(1, *states(ROWS[1]))
+    assert store.done(ROWS) == {1}
 
 
 def test_shards_are_verified_before_training(tmp_path):

@@ -33,7 +33,6 @@ job's first answers, so a mismatch stops the job in its first minute, not after 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from draftsmith.core import jsonl
 from draftsmith.core.atomic import atomic_path, write_jsonl
 from draftsmith.core.digest import ids_digest
 
@@ -292,24 +292,22 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
     renderer = Renderer(tokenizer, template_kwargs)
     layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
     rows, rejects, checks = [], [], Checks()
-    with responses.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            rec = json.loads(line)
-            try:
-                built = _record_rows(renderer, rec, layout, settings, checks)
-            except TemplateError as err:
-                rejects.append({"file": str(responses), "row": number, "id": rec["id"], "reason": str(err)})
+    for number, rec in jsonl.read(responses):
+        try:
+            built = _record_rows(renderer, rec, layout, settings, checks)
+        except TemplateError as err:
+            rejects.append({"file": str(responses), "row": number, "id": rec["id"], "reason": str(err)})
+            continue
+        for row in built:
+            row_id = rec["id"] if layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
+            ids, mask = row.input_ids[: settings.max_length], row.loss_mask[: settings.max_length]
+            if not any(mask):
+                rejects.append({"file": str(responses), "row": number, "id": row_id,
+                                "reason": f"no assistant token within max_length={settings.max_length}"})
                 continue
-            for row in built:
-                row_id = rec["id"] if layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
-                ids, mask = row.input_ids[: settings.max_length], row.loss_mask[: settings.max_length]
-                if not any(mask):
-                    rejects.append({"file": str(responses), "row": number, "id": row_id,
-                                    "reason": f"no assistant token within max_length={settings.max_length}"})
-                    continue
-                rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
-                             "loss_mask": mask, "seq_len": len(ids),
-                             "truncated_to_max_length": len(row.input_ids) > settings.max_length})
+            rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
+                         "loss_mask": mask, "seq_len": len(ids),
+                         "truncated_to_max_length": len(row.input_ids) > settings.max_length})
     _enforce(checks, settings, str(responses))
     if rejects:
         log.warning("%s: %d rows rejected (see %s)", responses, len(rejects), rejects_out)

@@ -11,7 +11,6 @@ file, row number and field, never a silent drop.
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.config.target import resolve_package_file
+from draftsmith.core import jsonl
 from draftsmith.core.digest import prompt_digest
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -62,7 +62,7 @@ def resolve_source(source: str, base_dir: Path) -> Path:
 
 
 def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(row number, parsed row)``; a line that is not JSON yields its ValueError."""
+    """Yield ``(row number, parsed row)``; a line that is not a JSON object yields its JsonlError."""
     name = path.name
     if str(path).startswith("hf:"):
         yield from enumerate(_load_hf(str(path).removeprefix("hf:")), start=1)
@@ -76,15 +76,7 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
             raise ValueError(f"{path}: a .json prompt file must hold a list of rows")
         yield from enumerate(rows, start=1)
     elif name.endswith((".jsonl", ".jsonl.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8-sig") as fh:  # a byte-order mark is not part of row 1
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    yield number, json.loads(line)
-                except json.JSONDecodeError as err:
-                    yield number, ValueError(f"not valid JSON ({err.msg} at column {err.colno})")
+        yield from jsonl.lines(path)
     else:
         raise ValueError(f"{path}: unsupported prompt file type (use .jsonl, .jsonl.gz, .json or .parquet)")
 
@@ -202,8 +194,8 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
             continue
         if max_samples is not None and len(result.prompts) >= max_samples:
             break
-        if isinstance(row, ValueError):
-            result.rejects.append(Reject(str(path), number, "<line>", str(row)))
+        if isinstance(row, jsonl.JsonlError):
+            result.rejects.append(Reject(str(path), number, "<line>", row.reason))
             continue
         try:
             turns, system = parse_row(row, fmt, prompt_field, max_prompt_chars)
@@ -239,5 +231,4 @@ def write_prompts(prompts: list[Prompt], dest: Path) -> None:
 
 
 def read_prompts(path: Path) -> list[Prompt]:
-    with path.open(encoding="utf-8") as fh:
-        return [Prompt(row["id"], row["turns"], row.get("system")) for row in map(json.loads, fh)]
+    return [Prompt(row["id"], row["turns"], row.get("system")) for _, row in jsonl.read(path)]

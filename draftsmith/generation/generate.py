@@ -44,6 +44,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.core.digest import ids_digest, json_digest, prompt_digest
 from draftsmith.data.datasets import Prompt
@@ -132,27 +133,14 @@ class Journal:
     def load(self) -> dict[str, dict]:
         """The latest record per prompt id."""
         records: dict[str, dict] = {}
-        if not self.path.exists():
-            return records
-        good_bytes = 0
-        with self.path.open("rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                try:
-                    if not raw.endswith(b"\n"):
-                        raise ValueError("cut")
-                    rec = json.loads(raw)
-                except ValueError:
-                    log.warning("%s: line %d is incomplete (cut by a kill?); dropping it and resending",
-                                self.path, number)
-                    break
-                if rec.get("format") != RECORD_FORMAT:
-                    raise ValueError(f"{self.path}: line {number} has record format {rec.get('format')!r}, "
-                                     f"this draftsmith writes format {RECORD_FORMAT}; delete the journal "
-                                     "to regenerate that dataset")
-                records[rec["id"]] = rec
-                good_bytes += len(raw)
-        if good_bytes != self.path.stat().st_size:
-            os.truncate(self.path, good_bytes)
+        for rec in jsonl.read_appended(self.path):
+            if rec.get("format") != RECORD_FORMAT:
+                raise ValueError(f"{self.path}: prompt {rec.get('id')!r} has record format {rec.get('format')!r}, "
+                                 f"this draftsmith writes format {RECORD_FORMAT}; delete the journal "
+                                 "to regenerate that dataset")
+            records[rec["id"]] = rec
+        if jsonl.drop_cut_tail(self.path):
+            log.warning("%s: its last line was cut (by a kill?); dropped, that prompt is sent again", self.path)
         return records
 
     def append(self, record: dict) -> None:

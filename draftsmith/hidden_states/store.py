@@ -39,6 +39,7 @@ from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from safetensors import safe_open
 from safetensors.torch import save, save_file
 
+from draftsmith.core import jsonl
 from draftsmith.core.digest import file_sha256, ids_digest, json_digest
 
 FINGERPRINT_KEY = "draftsmith_fingerprint"
@@ -213,13 +214,8 @@ class ShardStore(HiddenStateStore):
 
     def entries(self) -> list[dict]:
         """Index lines whose shard file is in place (a line cut by a kill is dropped)."""
-        if not self.index_path.exists():
-            return []
         out = []
-        for line in self.index_path.read_text().splitlines():
-            if not line.endswith("}"):
-                continue
-            entry = json.loads(line)
+        for entry in jsonl.read_appended(self.index_path):
             shard = self.folder / "shards" / entry["shard"]
             if shard.exists() and shard.stat().st_size == entry["bytes"]:
                 out.append(entry)
@@ -322,10 +318,7 @@ class _ShardWriter(Writer):
         _fsync_replace(tmp, dest)
         entry = {"shard": name, "rows": self.rows, "fingerprint": self.store.fingerprint, "bytes": len(payload),
                  "sha256": hashlib.sha256(payload).hexdigest()}
-        with self.store.index_path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        jsonl.append(self.store.index_path, [entry])
         self.tensors, self.rows, self.bytes = {}, {}, 0
 
     def close(self) -> None:

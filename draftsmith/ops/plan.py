@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.config.target import Facts
+from draftsmith.core import jsonl
 from draftsmith.core.units import TB, human_bytes
 from draftsmith.generation.generate import journals_of
 
@@ -53,11 +54,7 @@ def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:
     """Mean completion tokens of the answers journaled so far for a dataset (any settings)."""
     lengths = []
     for path in journals_of(journal_dir, dataset):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.endswith("}"):
-                record = json.loads(line)
-                if record.get("status") == "ok":
-                    lengths.append(record["usage"]["completion_tokens"])
+        lengths += [r["usage"]["completion_tokens"] for r in jsonl.read_appended(path) if r.get("status") == "ok"]
     return (statistics.fmean(lengths), len(lengths)) if lengths else None
 
 

@@ -8,9 +8,9 @@ ends, failed or stopped included; a job killed with -9 cannot, so the total is a
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
+
+from draftsmith.core import jsonl
 
 LEDGERS = Path("results/timings/spent")
 
@@ -22,21 +22,10 @@ def ledger(log_path: str | Path) -> Path:
 
 
 def add(log_path: str | Path, seconds: float) -> None:
-    path = ledger(log_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"seconds": round(seconds, 1)}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)  # one short append: whole or nothing
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    jsonl.append(ledger(log_path), [{"seconds": round(seconds, 1)}])
 
 
 def total(log_path: str | Path) -> float | None:
     """Seconds spent by every job so far, or None when none ended."""
-    try:
-        lines = ledger(log_path).read_text().splitlines()
-    except OSError:
-        return None
-    seconds = [json.loads(line)["seconds"] for line in lines if line.endswith("}")]
+    seconds = [r["seconds"] for r in jsonl.read_appended(ledger(log_path))]
     return sum(seconds) if seconds else None

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from draftsmith.config.load import WORKFLOW_DIR, from_snakemake_args
 from draftsmith.config.snakemake_args import parse as parse_snakemake_args
+from draftsmith.core import jsonl
 from draftsmith.core.units import human_bytes
 from draftsmith.generation.generate import JOURNAL_DIR, journals_of
 
@@ -63,11 +64,7 @@ def count_journal(path: Path, cached: JournalCount | None) -> JournalCount:
         fh.seek(count.offset)
         chunk = fh.read()
     complete = chunk[: chunk.rfind(b"\n") + 1]
-    for line in complete.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in jsonl.parse_appended(complete, path, count.offset):
         count.latest[record["id"]] = [record.get("status") == "ok",
                                       (record.get("usage") or {}).get("completion_tokens", 0)]
     count.offset += len(complete)
@@ -149,7 +146,7 @@ def dataset_status(name: str, entry: dict, cache: dict) -> DatasetStatus:
         st.hidden_state_rows = manifest["rows"] - len(manifest.get("failed_rows", []))
         st.hidden_state_bytes = manifest.get("bytes", 0)
     elif (folder / "index.jsonl").exists():
-        lines = [json.loads(line) for line in (folder / "index.jsonl").read_text().splitlines() if line.endswith("}")]
+        lines = list(jsonl.read_appended(folder / "index.jsonl"))
         st.hidden_state_rows = len({row for e in lines for row in e["rows"]})
         st.hidden_state_bytes = sum(e["bytes"] for e in lines)
     if not st.hidden_states_done:

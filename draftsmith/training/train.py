@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from draftsmith.core import jsonl
 from draftsmith.core.atomic import atomic_path
 from draftsmith.training import speculators_patches as patches
 
@@ -172,18 +173,11 @@ class _ValidationMetrics(logging.Handler):
         self.path = path
         self.carried = max((e.get("train_s", 0.0) for e in read_validation(path)), default=0.0)
         self.started = time.monotonic()
-        if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
-            with path.open("a", encoding="utf-8") as fh:
-                fh.write("\n")  # a line cut by a kill stays a line of its own, skipped on reading
 
     def emit(self, record: logging.LogRecord) -> None:
         if isinstance(record.msg, dict) and "val" in record.msg:
             train_s = round(self.carried + time.monotonic() - self.started, 1)
-            with self.path.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"epoch": record.msg.get("epoch"), **record.msg["val"], "train_s": train_s})
-                         + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            jsonl.append(self.path, [{"epoch": record.msg.get("epoch"), **record.msg["val"], "train_s": train_s}])
 
 
 def _resumable(save_dir: Path, state: dict) -> str:
@@ -242,10 +236,8 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
 def read_validation(path: Path) -> list[dict]:
     """One entry per epoch (the latest if an epoch was validated twice), in epoch order."""
     by_epoch = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        if line.endswith("}"):  # a line cut by a kill is skipped
-            entry = json.loads(line)
-            by_epoch[entry["epoch"]] = entry
+    for entry in jsonl.read_appended(path):
+        by_epoch[entry["epoch"]] = entry
     return [by_epoch[k] for k in sorted(by_epoch, key=lambda e: (e is None, e))]
 
 
