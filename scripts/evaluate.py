@@ -4,7 +4,6 @@ from pathlib import Path
 
 from draftsmith.core import compute
 from draftsmith.core.atomic import write_json
-from draftsmith.data.datasets import load_configured
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
@@ -16,8 +15,7 @@ def main() -> None:
     cfg, server_cfg = sm.params.evaluation, sm.config["server"]
     concurrency = sm.config["evaluation"]["concurrency"]
     tgt = target_of(sm)
-    model = tgt.model
-    sets = {name: load_configured(entry, base_dir(sm)).prompts for name, entry in cfg["prompt_sets"].items()}
+    sets = ev.prompt_sets(cfg, base_dir(sm))
     drafters = {"finetuned": str(Path(sm.input.drafter).parent)}
     if sm.input.pretrained:
         drafters["pretrained"] = str(Path(sm.input.pretrained[0]).parent)
@@ -28,12 +26,12 @@ def main() -> None:
         spec = ev.server_spec(cfg["engine"], tgt, server_cfg, drafter, cfg)
         with managed_server(spec, Path(sm.log.main).with_name(f"{label}.server.log")) as server:
             for (name, t), res in runs.items():
-                res["drafters"][label] = ev.measure(server.base_url, model, sets[name],
+                res["drafters"][label] = ev.measure(server.base_url, tgt.model, sets[name],
                                                     ev.sampling(cfg["max_tokens"], t, seeded), concurrency,
                                                     cfg["engine"])
                 log.info("%s %s T=%s: %s", label, name, t, res["drafters"][label])
     ev.add_speedups(list(runs.values()))
-    write_json(sm.output.results, {"target": model, "engine": cfg["engine"], "drafters": drafters,
+    write_json(sm.output.results, {"target": tgt.model, "engine": cfg["engine"], "drafters": drafters,
                                    "compute": compute.choose(server_cfg["dtype"]).as_dict(),
                                    "runs": list(runs.values()), "max_tokens": cfg["max_tokens"],
                                    "seeded_sampling": seeded, "on_accelerator": compute.has_accelerator(),

@@ -2,7 +2,6 @@ from pathlib import Path
 
 from draftsmith.core import compute
 from draftsmith.core.atomic import write_json
-from draftsmith.data.datasets import load_configured
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
@@ -12,14 +11,13 @@ def main() -> None:
     cfg, server_cfg = sm.params.evaluation, sm.config["server"]
     concurrency = sm.config["evaluation"]["concurrency"]
     tgt = target_of(sm)
-    model = tgt.model
-    sets = {name: load_configured(entry, base_dir(sm)).prompts for name, entry in cfg["prompt_sets"].items()}
+    sets = ev.prompt_sets(cfg, base_dir(sm))
     seeded = compute.has_accelerator()
     spec = ev.server_spec(cfg["engine"], tgt, server_cfg, None, cfg)
     with managed_server(spec, Path(sm.log.server)) as server:
-        runs = ev.baseline_runs(server.base_url, model, sets, cfg["temperatures"], cfg["max_tokens"], seeded,
+        runs = ev.baseline_runs(server.base_url, tgt.model, sets, cfg["temperatures"], cfg["max_tokens"], seeded,
                                 concurrency)
-    write_json(sm.output.baseline, {"target": model, "engine": cfg["engine"], "runs": runs,
+    write_json(sm.output.baseline, {"target": tgt.model, "engine": cfg["engine"], "runs": runs,
                                     "max_tokens": cfg["max_tokens"], "seeded_sampling": seeded,
                                     "concurrency": concurrency,
                                     "compute": compute.choose(server_cfg["dtype"]).as_dict()})

@@ -21,7 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from draftsmith.config.target import Target
-from draftsmith.data.datasets import Prompt
+from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.generation.client import ChatClient, RetryPolicy
 
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -115,6 +115,11 @@ async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int],
                 return response.json()["usage"]["completion_tokens"]
 
         return sum(await asyncio.gather(*(one(ids, n) for ids, n in rows)))
+
+
+def prompt_sets(cfg: dict, base_dir) -> dict[str, list[Prompt]]:
+    """The evaluation's prompt sets by name (``evaluation.prompt_sets``), for the target alone and with a drafter."""
+    return {name: load_configured(entry, base_dir).prompts for name, entry in cfg["prompt_sets"].items()}
 
 
 def baseline_runs(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float],
