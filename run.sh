@@ -9,6 +9,21 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
+# Snakemake's --configfile takes every value up to the next flag: a target after it would be read
+# as a config file (and fail with a traceback).
+after_configfile=0
+for arg in "$@"; do
+  case $arg in
+    --configfile | --configfiles) after_configfile=1 ;;
+    -*) after_configfile=0 ;;
+    *.yaml | *.yml | *.json) ;;
+    *) if ((after_configfile)); then
+      echo "draftsmith: '$arg' follows --configfile, which takes every value up to the next flag:" \
+        "Snakemake would read it as a config file. Put targets first: ./run.sh $arg --configfile FILE" >&2
+      exit 2
+    fi ;;
+  esac
+done
 case ${1:-} in
   redo | status) module=draftsmith.ops.$1 ;;
   config) module=draftsmith.config.load ;;
