@@ -24,6 +24,5 @@ rule generate:
         model_name=generation_model_name(),
         chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
         server=RESULT["server"],
-        journal_dir="results/responses/.journal",
     script:
         "../scripts/generate.py"

@@ -9,6 +9,7 @@ from draftsmith.data.chat import TokenizeSettings, early_check
 from draftsmith.data.datasets import read_prompts
 from draftsmith.generation.client import HealthPolicy
 from draftsmith.generation.generate import (
+    JOURNAL_DIR,
     GenerationSettings,
     Outputs,
     generate,
@@ -33,7 +34,7 @@ def main() -> None:
         entry["generation"], chat_template_kwargs=params.chat_template_kwargs,
         return_token_ids=(managed and gen["engine"] == "vllm") if token_ids == "auto" else token_ids)
     prompts = read_prompts(Path(sm.input.prompts))
-    journal = journal_path(Path(params.journal_dir), name, settings_key(params.model_name, settings))
+    journal = journal_path(JOURNAL_DIR, name, settings_key(params.model_name, settings))
     outputs = Outputs(Path(sm.output.responses), Path(sm.output.stats), Path(sm.output.errors), journal)
     limits = {"max_samples": entry["max_samples"], "token_budget": entry["token_budget"]}
     if not has_work(prompts, journal, **limits):

@@ -6,6 +6,7 @@ from draftsmith.config import target as targets
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.data.chat import Renderer
 from draftsmith.data.datasets import read_prompts
+from draftsmith.generation.generate import JOURNAL_DIR
 from draftsmith.ops import plan
 from draftsmith.ops.runner import run, target_of
 
@@ -29,7 +30,7 @@ def main() -> None:
         prompts = read_prompts(path)
         plans.append(plan.plan_dataset(name, cfg["datasets"][name], prompts,
                                        prompt_tokens(renderer, prompts, cfg["plan"]["prompt_sample"]),
-                                       cfg["plan"]["completion_fraction"], results / "responses" / ".journal",
+                                       cfg["plan"]["completion_fraction"], JOURNAL_DIR,
                                        cfg["tokenize"]["max_length"]))
     throughput = plan.measured_throughput(results, cfg["plan"]["throughput"])
     markdown, data = plan.render(plans, facts, cfg, throughput, *plan.free_space(results, cfg["plan"]["free_tb"]))
