@@ -65,7 +65,7 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "(shards layout, stored in fp8 with a scale per token and layer)" in md.read_text()
 
 
-def test_the_model_card_is_what_the_hub_shows(tmp_path):
+def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
     import yaml
 
     from draftsmith.evaluation.model_card import CardInputs, card
@@ -76,13 +76,17 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path):
     datasets = {"everyday": {"source": "config/prompts/everyday.jsonl", "weight": 1.0,
                              "generation": {"temperature": 0.6, "max_tokens": 8192}},
                 "ultrachat": {"source": "hf:HuggingFaceH4/ultrachat_200k@train_sft", "weight": 0.5,
-                              "generation": {"temperature": 0.0, "max_tokens": 512}}}
-    merge = {"datasets": {**MERGE["datasets"], "ultrachat": {**MERGE["datasets"]["everyday"], "weight": 0.5}}}
+                              "generation": {"temperature": 0.0, "max_tokens": 512}},
+                "mine": {"source": "hf:data/mine", "weight": 1.0, "generation": {"temperature": 0.0, "max_tokens": 64}}}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "mine").mkdir(parents=True)  # a saved dataset on this disk, read through datasets
+    merge = {"datasets": {**MERGE["datasets"], "ultrachat": {**MERGE["datasets"]["everyday"], "weight": 0.5},
+                          "mine": MERGE["datasets"]["everyday"]}}
     text = card(CardInputs(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", config_digest="0123abcd",
                            datasets=datasets, results=RESULTS, training=TRAINING, merge=merge, prompts=PROMPTS,
                            train_config=train_config, sglang_reason="not exported: norm_before_residual=true"))
     meta = yaml.safe_load(text.split("---\n")[1])
-    # The hub links datasets by their hub ids: a local file's name ("everyday") is none.
+    # The hub links datasets by their hub ids: a local file's name ("everyday") or folder ("data/mine") is none.
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert meta["datasets"] == ["HuggingFaceH4/ultrachat_200k"]
     assert "| everyday | `config/prompts/everyday.jsonl` | T 0.6, max 8192 tokens | 6 | 1 / 1 | 1 | 5 | 1 | 150 |" \

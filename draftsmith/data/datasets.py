@@ -81,6 +81,15 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
         raise ValueError(f"{path}: unsupported prompt file type (use .jsonl, .jsonl.gz, .json or .parquet)")
 
 
+def hub_id(source: str) -> str | None:
+    """The hub id of a dataset source (``hf:org/name@split``); None for a local file, a package's,
+    or an ``hf:`` folder on this disk (read as :func:`_load_hf` reads it, from the job's folder)."""
+    if not source.startswith("hf:"):
+        return None
+    dataset_id = source.removeprefix("hf:").partition("@")[0]
+    return None if Path(dataset_id).exists() else dataset_id
+
+
 def _load_hf(spec: str):
     """A ``datasets.save_to_disk`` folder, a folder of data files, or a hub id: from the local
     Hugging Face cache when it holds a snapshot (what ``hf download --repo-type dataset`` or an

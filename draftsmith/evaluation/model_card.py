@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from draftsmith.data.datasets import hub_id
+
 
 @dataclass
 class CardInputs:
@@ -26,15 +28,8 @@ class CardInputs:
     sglang_reason: str | None  # None: the SGLang export is in sglang/
 
 
-def hub_dataset(source: str) -> str | None:
-    """The hub id of a dataset source (``hf:org/name@split``), None for a local file or a package's."""
-    if not source.startswith("hf:") or source.startswith(("hf:/", "hf:.")):
-        return None
-    return source.removeprefix("hf:").split("@", 1)[0]
-
-
 def front_matter(inputs: CardInputs) -> str:
-    hub = sorted({h for entry in inputs.datasets.values() if (h := hub_dataset(entry["source"]))})
+    hub = sorted({h for entry in inputs.datasets.values() if (h := hub_id(entry["source"]))})
     meta = {"base_model": inputs.base_model, "library_name": "vllm",
             "tags": ["speculative-decoding", "eagle3", "speculators", "draftsmith"],
             **({"datasets": hub} if hub else {}), "license": "other",
@@ -86,7 +81,7 @@ def training_data(inputs: CardInputs) -> list[str]:
         gen = entry.get("generation") or {}
         sampled = "– (pre-tokenized)" if entry.get("kind") == "tokenized" or not gen else \
             f"T {gen['temperature']:g}, max {gen['max_tokens']} tokens"
-        source = hub_dataset(entry.get("source", "")) or entry.get("source", "–")
+        source = hub_id(entry.get("source", "")) or entry.get("source", "–")
         lines.append(f"| {name} | `{source}` | {sampled} | {st.get('kept', '–')} | "
                      f"{dropped.get('exact', 0) + dropped.get('ngram', 0)} / {dropped.get('duplicate', 0)} | "
                      f"{mix['weight']:g} | {mix['train_rows']} | {mix['validation_rows']} | "
