@@ -9,6 +9,10 @@ before it starts. Every recipe gets the same epochs, data and seeds. A recipe ×
 evaluated is picked up, not rerun: a long comparison can be run one recipe at a time (``--only``),
 over several sittings or machines sharing WORKDIR.
 
+A recipe may also change how hidden states are stored (``hidden_states: {storage: fp8}`` beside its
+train overrides): that storage's hidden states are extracted once, in ``WORKDIR/shared-<storage>``
+(linked to the shared answers, tokens and split), and every seed of the recipe trains on them.
+
 Printed and written to ``WORKDIR/recipes.md`` (+ ``recipes.png``): τ per evaluation set at each
 temperature (pooled, from vLLM; mean and spread over seeds), the ratio to the first recipe (by
 default speculators' own recipe), simulated τ from validation, acceptance per draft position,
@@ -98,20 +102,44 @@ def datasets_of(config: Path) -> list[str]:
     return sorted(from_snakemake_args(["--configfile", str(EMBEDDED), str(config)], REPO)["datasets"])
 
 
-def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: dict, seed: int) -> Path:
-    run = workdir / "runs" / f"{name}-seed{seed}"
-    (run / "results").mkdir(parents=True, exist_ok=True)
-    for rel in SHARED:  # links: the recipe reads the shared data and never writes there
-        link = run / rel
+def link_shared(folder: Path, shared: Path, paths: tuple[str, ...]) -> None:
+    """``folder`` reads ``paths`` of ``shared`` through links (it never writes there), with Snakemake's
+    record of the shared jobs refreshed at every start, so that it reruns none of them."""
+    (folder / "results").mkdir(parents=True, exist_ok=True)
+    for rel in paths:
+        link = folder / rel
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(shared / rel)
-    # Snakemake's record of the shared jobs, refreshed at every start, so that it reruns none of them
     if (shared / ".snakemake" / "metadata").is_dir():
-        (run / ".snakemake").mkdir(exist_ok=True)
-        subprocess.run(["cp", "-a", str(shared / ".snakemake" / "metadata"), str(run / ".snakemake")], check=True)
+        (folder / ".snakemake").mkdir(exist_ok=True)
+        subprocess.run(["cp", "-a", str(shared / ".snakemake" / "metadata"), str(folder / ".snakemake")], check=True)
+
+
+def prepare_storage(workdir: Path, shared: Path, config: Path, storage: dict) -> Path:
+    """A shared folder whose hidden states are stored as ``storage`` says, everything else linked."""
+    folder = workdir / ("shared-" + "-".join(f"{v}" for _, v in sorted(storage.items())))
+    link_shared(folder, shared, tuple(p for p in SHARED if p != "results/hidden_states"))
+    overlay = folder / "storage.yaml"
+    overlay.write_text(yaml.safe_dump({"hidden_states": storage}))
+    targets = [f"results/hidden_states/{d}/manifest.json" for d in datasets_of(config)]
+    refuse_shared_reruns(folder, [p for p in planned_outputs(snakemake(folder, [config, overlay], *targets,
+                                                                       dry_run=True))
+                                  if not p.startswith("results/hidden_states")])
+    snakemake(folder, [config, overlay], *targets)
+    return folder
+
+
+def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: dict, seed: int) -> Path:
+    run = workdir / "runs" / f"{name}-seed{seed}"
+    overrides = dict(overrides)
+    storage = overrides.pop("hidden_states", None)
+    if storage:
+        shared = prepare_storage(workdir, shared, config, storage)
+    link_shared(run, shared, SHARED)
     overlay = run / "recipe.yaml"
-    overlay.write_text(yaml.safe_dump({"train": {**overrides, "seed": seed}}))
+    overlay.write_text(yaml.safe_dump({"train": {**overrides, "seed": seed}, **({"hidden_states": storage}
+                                                                               if storage else {})}))
     target = "results/evaluation/results.json"
     if not (run / target).exists():
         refuse_shared_reruns(run, planned_outputs(snakemake(run, [config, overlay], target, dry_run=True)))
