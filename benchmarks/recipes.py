@@ -26,9 +26,11 @@ wall time) at which a recipe's simulated τ first reached the first recipe's fin
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,16 +106,30 @@ def datasets_of(config: Path) -> list[str]:
 
 def link_shared(folder: Path, shared: Path, paths: tuple[str, ...]) -> None:
     """``folder`` reads ``paths`` of ``shared`` through links (it never writes there), with Snakemake's
-    record of the shared jobs refreshed at every start, so that it reruns none of them."""
+    record of those jobs refreshed at every start, so that it reruns none of them."""
     (folder / "results").mkdir(parents=True, exist_ok=True)
     for rel in paths:
         link = folder / rel
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(shared / rel)
-    if (shared / ".snakemake" / "metadata").is_dir():
-        (folder / ".snakemake").mkdir(exist_ok=True)
-        subprocess.run(["cp", "-a", str(shared / ".snakemake" / "metadata"), str(folder / ".snakemake")], check=True)
+    copy_records(shared, folder, paths)
+
+
+def copy_records(shared: Path, folder: Path, paths: tuple[str, ...]) -> None:
+    """Snakemake's records (``.snakemake/metadata``: a file per output, named by its path in base64,
+    split into folders of ``@``-prefixed parts when long) of the outputs under ``paths`` only: a folder
+    that makes some outputs itself (``shared-fp8``'s hidden states) keeps its own records of them,
+    which the shared ones (other params) would replace, and the job would run again."""
+    source = shared / ".snakemake" / "metadata"
+    for record in source.rglob("*") if source.is_dir() else []:
+        if record.is_dir():
+            continue
+        rel = record.relative_to(source)
+        output = base64.urlsafe_b64decode("".join(p.removeprefix("@") for p in rel.parts)).decode()
+        if output.startswith(paths):
+            (folder / ".snakemake" / "metadata" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(record, folder / ".snakemake" / "metadata" / rel)
 
 
 def prepare_storage(workdir: Path, shared: Path, config: Path, storage: dict) -> Path:

@@ -72,3 +72,25 @@ def test_a_recipe_run_that_would_redo_shared_results_is_refused_before_anything_
     with pytest.raises(SystemExit, match=r"would redo shared results \(results/tokenized/codegen\.parquet"):
         recipes.refuse_shared_reruns(tmp_path, planned)
     recipes.refuse_shared_reruns(tmp_path, ["results/train/training.json", "results/evaluation/results.json"])
+
+
+def test_a_folder_keeps_its_own_records_of_what_it_makes(tmp_path):
+    """shared-fp8 makes its hidden states itself: the shared folder's records of them (bf16 params)
+    copied over its own made Snakemake rerun the fp8 hidden-state jobs at every seed."""
+    import base64
+
+    def record(folder, output, text):
+        b64 = base64.urlsafe_b64encode(output.encode()).decode()
+        path = folder / ".snakemake" / "metadata" / b64
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    shared, fp8 = tmp_path / "shared", tmp_path / "shared-fp8"
+    record(shared, "results/merged/train.parquet", "shared merge")
+    record(shared, "results/hidden_states/a/manifest.json", "bf16")
+    own = record(fp8, "results/hidden_states/a/manifest.json", "fp8")
+    recipes.copy_records(shared, fp8, ("results/merged",))
+    assert own.read_text() == "fp8"
+    copied = fp8 / ".snakemake" / "metadata" / base64.urlsafe_b64encode(b"results/merged/train.parquet").decode()
+    assert copied.read_text() == "shared merge"
