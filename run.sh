@@ -9,17 +9,17 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
-# Snakemake's --configfile takes every value up to the next flag: a target after it would be read
-# as a config file (and fail with a traceback).
+# Snakemake's --configfile takes every value up to the next flag: a target after it (a result, or
+# no file at all) would be read as a config file and fail with a traceback.
 after_configfile=0
 for arg in "$@"; do
   case $arg in
     --configfile | --configfiles) after_configfile=1 ;;
     -*) after_configfile=0 ;;
-    *.yaml | *.yml | *.json) ;;
-    *) if ((after_configfile)); then
-      echo "draftsmith: '$arg' follows --configfile, which takes every value up to the next flag:" \
-        "Snakemake would read it as a config file. Put targets first: ./run.sh $arg --configfile FILE" >&2
+    *) if ((after_configfile)) && [[ $arg == results/* || ! -f $arg ]]; then
+      echo "draftsmith: '$arg' follows --configfile but is no config file: either it is missing, or it is" \
+        "a target, which --configfile (it takes every value up to the next flag) would read as a config file." \
+        "Put targets first: ./run.sh $arg --configfile FILE" >&2
       exit 2
     fi ;;
   esac

@@ -84,3 +84,6 @@ def test_a_target_after_configfile_is_refused_with_the_fix(project):
                           text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Put targets first: ./run.sh results/plan.md --configfile FILE" in proc.stderr
+    typo = subprocess.run(["./run.sh", "config", "--configfile", "my.yml"], cwd=project, capture_output=True,
+                          text=True, timeout=120)
+    assert typo.returncode == 2 and "'my.yml' follows --configfile but is no config file" in typo.stderr
