@@ -4,9 +4,13 @@ vLLM loads its general plugins in every process it starts (API server, engine co
 the one way to reach code that runs in a worker. Each fix applies only where its fault exists, so the
 plugin does nothing on an accelerator.
 
-| fix | fault | where |
-|---|---|---|
-| :func:`expand_batch_to_tokens` | vLLM 0.32's CPU stand-in for the Triton ``expand_kernel`` fills an int64 copy of its output and drops it (vllm-project/vllm#55005): ``expand_batch_to_tokens`` returns uninitialised memory, which the rejection sampler divides the target's logits by as each draft token's temperature. At T > 0 with a drafter those logits become inf/NaN: no draft is ever accepted and the served text is noise. Greedy requests never take that path. | CPU |
+Fixes (each a function here, replacing the vLLM attribute of the same name):
+
+- :func:`expand_batch_to_tokens` (CPU only). vLLM 0.32's CPU stand-in for the Triton ``expand_kernel``
+  fills an int64 copy of its output and drops it (vllm-project/vllm#55005), so ``expand_batch_to_tokens``
+  returns uninitialised memory, which the rejection sampler divides the target's logits by as each
+  draft token's temperature. At T > 0 with a drafter those logits become inf/NaN: no draft is accepted
+  and the served text is noise. Greedy requests never take that path.
 """
 
 from __future__ import annotations
