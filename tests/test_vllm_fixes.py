@@ -5,35 +5,42 @@ import json
 import subprocess
 import sys
 
-# What vLLM's CPU worker runs before it verifies drafts: the C++ stand-ins for its Triton kernels, the
-# general plugins ("fixed" only), then the rejection sampler's scaling of the target's logits.
+import pytest
+
+# What vLLM's CPU worker runs before it verifies drafts: the C++ stand-ins for its Triton kernels, then
+# the rejection sampler's scaling of the target's logits; once as vLLM ships, once after its general
+# plugins (draftsmith's among them) loaded.
 PROBE = r"""
-import json, sys, types, torch
+import json, types, torch
 from vllm.platforms import current_platform
-current_platform.register_triton_kernel_overrides()
-if sys.argv[1] == "fixed":
-    from vllm.plugins import load_general_plugins
-    load_general_plugins()
+from vllm.plugins import load_general_plugins
 from vllm.v1.sample import rejection_sampler
+current_platform.register_triton_kernel_overrides()
 logits = torch.randn(6, 32)
 meta = types.SimpleNamespace(all_greedy=False, temperature=torch.tensor([0.7, 0.0, 2.0]), top_k=None, top_p=None)
-scaled = rejection_sampler.apply_sampling_constraints(logits.clone(), torch.tensor([2, 4, 6], dtype=torch.int32), meta)
+ends = torch.tensor([2, 4, 6], dtype=torch.int32)  # each request's draft tokens end here
 want = logits / torch.tensor([0.7, 0.7, 1.0, 1.0, 2.0, 2.0]).unsqueeze(-1)  # a greedy request's 0 reads as 1
-print(json.dumps(bool(torch.allclose(scaled, want))))
+def right():
+    scaled = rejection_sampler.apply_sampling_constraints(logits.clone(), ends, meta)
+    return bool(torch.allclose(scaled, want))
+shipped = right()
+load_general_plugins()
+print(json.dumps({"vllm": shipped, "with_plugins": right()}))
 """
 
 
-def scales_by_each_requests_temperature(mode: str) -> bool:
-    done = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def scaled_right() -> dict[str, bool]:
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_drafts_at_t_above_0_are_verified_against_the_tempered_target():
-    assert scales_by_each_requests_temperature("fixed")
+def test_drafts_at_t_above_0_are_verified_against_the_tempered_target(scaled_right):
+    assert scaled_right["with_plugins"]
 
 
-def test_vllm_cpu_build_still_needs_the_fix():
+def test_vllm_cpu_build_still_needs_the_fix(scaled_right):
     """vllm#55005: without the fix, the target's logits are divided by uninitialised memory. When this
     fails, the pinned vLLM samples correctly on its own: drop the fix and its entry point."""
-    assert not scales_by_each_requests_temperature("vllm")
+    assert not scaled_right["vllm"]

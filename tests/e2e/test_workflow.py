@@ -86,6 +86,9 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     assert acc["tau_pooled"] == pytest.approx(1 + acc["accepted_tokens"] / acc["drafts"])
     assert len(acc["acceptance_rate_per_position"]) == 3
     assert report["runs"][0]["baseline"]["output_tokens"] > 0
+    # The T=1 run's drafts were verified against the tempered target: vLLM's worker took the fix.
+    worker_lines = (workdir / "logs" / "evaluate" / "finetuned.server.log").read_text().splitlines()
+    assert any("VllmWorker" in line and "fix for vllm#55005" in line for line in worker_lines)
     md = (workdir / "results" / "report" / "report.md").read_text()
     assert f"{acc['tau_pooled']:.3f}" in md and "pooled" in md
     assert (workdir / "results" / "report" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
