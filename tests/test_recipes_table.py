@@ -1,5 +1,6 @@
 """benchmarks/recipes.py's table: ratios against the first recipe, spread over seeds, time to quality."""
 
+import base64
 import importlib.util
 
 import pytest
@@ -77,7 +78,6 @@ def test_a_recipe_run_that_would_redo_shared_results_is_refused_before_anything_
 def test_a_folder_keeps_its_own_records_of_what_it_makes(tmp_path):
     """shared-fp8 makes its hidden states itself: the shared folder's records of them (bf16 params)
     copied over its own made Snakemake rerun the fp8 hidden-state jobs at every seed."""
-    import base64
 
     def record(folder, output, text):
         b64 = base64.urlsafe_b64encode(output.encode()).decode()

@@ -44,3 +44,16 @@ def test_vllm_cpu_build_still_needs_the_fix(scaled_right):
     """vllm#55005: without the fix, the target's logits are divided by uninitialised memory. When this
     fails, the pinned vLLM samples correctly on its own: drop the fix and its entry point."""
     assert not scaled_right["vllm"]
+
+
+def test_each_requests_top_k_and_top_p_cover_its_draft_tokens():
+    """The same expansion carries top-k (int32) and top-p: vLLM's CPU stand-in dropped those too."""
+    import torch
+
+    from draftsmith.generation.vllm_fixes import expand_batch_to_tokens
+
+    ends = torch.tensor([1, 4, 6], dtype=torch.int32)
+    top_k = expand_batch_to_tokens(torch.tensor([5, 0, 7], dtype=torch.int32), ends, 6)
+    assert top_k.dtype == torch.int32 and top_k.tolist() == [5, 0, 0, 0, 7, 7]
+    top_p = expand_batch_to_tokens(torch.tensor([0.9, 1.0, 0.5]), ends, 6)
+    assert top_p.tolist() == pytest.approx([0.9, 1.0, 1.0, 1.0, 0.5, 0.5])
