@@ -173,6 +173,42 @@ def test_a_damaged_shard_heals_on_rerun(tmp_path):
     assert store.done(ROWS) == {0, 1}
 
 
+def test_states_extracted_again_with_other_settings_are_read_as_written(tmp_path):
+    """Other aux layers (or backend, or target) re-extract the same rows into shards of the same
+    sizes. The old shards' files are purged but their index lines stay: a new shard that took an old
+    one's name and size was checked against the old sha256, and training refused the fresh store as
+    corrupt (seen in the e2e warm start with the transformers backend)."""
+    old = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    with old.writer() as writer:
+        writer.write(0, *states(ROWS[0], value=1.0))
+    other = fingerprint({"config": "c", "weights": "w"}, [1, 2, 3], 30, "vllm")
+    new = ShardStore(tmp_path / "hs", other, shard_mb=1)
+    assert new.done(ROWS) == set() and new.purge_stale() > 0
+    with new.writer() as writer:
+        writer.write(0, *states(ROWS[0], value=2.0))  # same shapes: the shard has the old one's size
+    new.verify()
+    assert new.describe()["files"] == 1 and new.read(0)["hidden_states"][0, 0, 0] == 2.0
+
+
+def test_the_last_shard_damaged_heals_on_rerun(tmp_path):
+    """The damaged shard is the newest: its rows, extracted again (the same sizes, bits that differ
+    a little with the batch), must not be checked against its stale index line, or every rerun
+    finds the fresh shard corrupt, deletes it and extracts it again."""
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    for row in (0, 1):
+        with store.writer() as writer:
+            writer.write(row, *states(ROWS[row]))
+    last = sorted((tmp_path / "hs" / "shards").glob("shard_*.safetensors"))[-1]
+    data = bytearray(last.read_bytes())
+    data[-1] ^= 0xFF
+    last.write_bytes(bytes(data))
+    assert store.drop_damaged() == [last] and store.done(ROWS) == {0}
+    with store.writer() as writer:
+        writer.write(1, *states(ROWS[1], value=0.5))  # a batch of other rows: the bits differ a little
+    store.verify()
+    assert store.done(ROWS) == {0, 1} and store.read(1)["hidden_states"][0, 0, 0] == 0.5
+
+
 def test_too_many_failed_rows_fail_the_job_and_are_recorded(tmp_path):
     hs.check_failures({3: "TimeoutError: slow"}, 100, 0.01, tmp_path / "f.json")
     assert json.loads((tmp_path / "f.json").read_text()) == {"rows": {"3": "TimeoutError: slow"}}

@@ -247,9 +247,12 @@ class ShardStore(HiddenStateStore):
         return [(str(self.folder / "shards" / current[r][0]), f"{r}.") for r in rows]
 
     def describe(self) -> dict:
+        """The shards this fingerprint's rows are in, each with the index line that wrote it (the
+        latest of this fingerprint: a stale line under the same name never vouches for a new file)."""
         used = {shard for shard, _ in self._current().values()}
+        written = {e["shard"]: e for e in self.entries() if e["fingerprint"] == self.fingerprint}
         shards = [{"shard": e["shard"], "bytes": e["bytes"], "sha256": e["sha256"], "rows": len(e["rows"])}
-                  for e in self.entries() if e["shard"] in used]
+                  for name, e in written.items() if name in used]
         return {"layout": self.layout, "files": len(shards), "bytes": sum(s["bytes"] for s in shards),
                 "shards": shards}
 
@@ -284,8 +287,10 @@ class ShardStore(HiddenStateStore):
         return freed
 
     def next_shard_name(self) -> str:
+        """A name no file and no index line ever had: the lines of purged or damaged shards stay in
+        the index, and a new shard of the same name and size would be checked against them."""
         taken = [int(p.stem.split("_")[1]) for p in (self.folder / "shards").glob("shard_*.safetensors")]
-        taken += [int(e["shard"].split("_")[1].split(".")[0]) for e in self.entries()]
+        taken += [int(e["shard"].split("_")[1].split(".")[0]) for e in jsonl.read_appended(self.index_path)]
         return f"shard_{max(taken, default=-1) + 1:06d}.safetensors"
 
 
