@@ -93,10 +93,12 @@ def train_steps(work: Path) -> int:
 @skip
 def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(workdir, tmp_path):
     """Starts from the main e2e run with longer `everyday` answers: that dataset's stages, the merge
-    and training run as SLURM jobs; `humaneval` and the target are reused (only a generation
-    setting changes: a changed prompt selection would rerun `humaneval`'s cross-dataset dedupe)."""
+    and training run as SLURM jobs; `humaneval`'s answers and the target are reused (only a generation
+    setting changes: a changed prompt selection would rerun `humaneval`'s cross-dataset dedupe). The
+    hidden states come from the transformers backend (both datasets extracted again, as SLURM jobs)."""
     cfg = yaml.safe_load(CONFIG.read_text())
     cfg["datasets"]["everyday"]["generation"].update(max_tokens=96, concurrency=4)  # four waves of answers
+    cfg["hidden_states"]["backend"] = "transformers"  # a vLLM job under SLURM is generate's; this spares a start
     cfg["train"]["epochs"] = 2
     samples = cfg["datasets"]["everyday"]["max_samples"]
     config = tmp_path / "slurm.yaml"

@@ -42,8 +42,11 @@ def validation(work):
 
 
 def test_warm_start_from_a_drafter_on_other_data(workdir, tmp_path):
+    """The hidden states come from the transformers backend here: a warm start reads them as any
+    training does, and it spares a vLLM start (~45 s) in CI."""
     def finetune(cfg):
         cfg["datasets"]["humaneval"]["skip"] = 20  # other prompts than the first drafter saw
+        cfg["hidden_states"]["backend"] = "transformers"
         cfg["train"].update(from_pretrained=str(workdir / "results" / "drafter"), epochs=1)
 
     work = tmp_path / "finetune"
@@ -122,8 +125,10 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     one, ranks = validation(workdir), validation(work)
     assert len(one) == len(ranks)
     # Two ranks see the same rows in half as many optimizer steps of twice the batch, so they learn
-    # less in the same epochs (measured: full_acc_0 0.194 vs 0.326): learning, in the same range.
-    assert ranks[-1]["full_acc_0_epoch"] > 0.1, ranks[-1]
+    # less in the same epochs (measured over 6 epochs: full_acc_0 0.139 vs 0.312): learning, in the
+    # same range.
+    assert ranks[-1]["loss_epoch"] < 0.9 * ranks[0]["loss_epoch"], ranks
+    assert ranks[-1]["full_acc_0_epoch"] > ranks[0]["full_acc_0_epoch"], ranks
     assert abs(one[-1]["full_acc_0_epoch"] - ranks[-1]["full_acc_0_epoch"]) < 0.2, (one[-1], ranks[-1])
     summary = json.loads((work / "results" / "train" / "training.json").read_text())
     assert summary["rows"] == json.loads((workdir / "results" / "train" / "training.json").read_text())["rows"]
