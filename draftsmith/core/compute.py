@@ -4,9 +4,10 @@ bf16 is what recent GPUs (compute capability 8.0 on: A100, H100) and CPUs (AVX-5
 compute natively; older GPUs (V100, T4) compute fp16, which ``auto`` then chooses. On a CPU without it
 torch emulates bf16: a 1024² matmul ran at 0.9 GFLOP/s against 64 in fp32 on an AVX2-only EPYC,
 and vLLM, hidden-state extraction and training all slowed by the same factor. AVX-512 alone is not
-enough: on a Xeon without avx512_bf16 or AMX the same matmul ran at 23 GFLOP/s against 59-80. ``auto`` therefore
-computes in bf16 where it is native and in fp32 elsewhere. Hidden states are stored in bf16 either
-way (:mod:`draftsmith.hidden_states.store`), and drafter checkpoints are saved in bf16 by speculators.
+enough: on a Xeon without avx512_bf16 or AMX the same matmul ran at 23 GFLOP/s against 59-80.
+``auto`` therefore computes in bf16 where it is native and in fp32 elsewhere. Hidden states are
+stored in bf16 either way (:mod:`draftsmith.hidden_states.store`), and drafter checkpoints are saved
+in bf16 by speculators.
 
 The choice is operational: it never enters a rule's params, a run key or a fingerprint, so moving
 a run between machines reruns nothing. Where it was made, it is recorded (manifest, training
