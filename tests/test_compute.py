@@ -29,6 +29,7 @@ def test_avx512_alone_is_not_native_bf16(monkeypatch, avx512_bf16, amx, expected
     thread: 23 against 59-80 GFLOP/s; a linear layer's forward and backward 2.8x slower)."""
     import torch
 
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)  # the CPU path, on any machine
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
