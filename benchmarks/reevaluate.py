@@ -10,7 +10,7 @@ evaluation sets, widened, ``--repeats`` times per temperature; it prints and wri
 temperature and repeat, with the mean and the spread over repeats.
 
     .venv/bin/python benchmarks/reevaluate.py --config benchmarks/recipes_1k.yaml \\
-        --sets humaneval --skip 0 --max-samples 164 --max-tokens 128 --temperatures 0 1 --repeats 3 \\
+        --sets humaneval --skip 0 --max-samples 164 --max-tokens 128 --temperatures 0 1 --repeats 3 --concurrency 32 \\
         WORKDIR/runs/bf16-seed2 WORKDIR/runs/fp8-seed2
 """
 
@@ -92,10 +92,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, help="tokens per answer (default: the config's)")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--concurrency", type=int,
+                        help="requests in flight (default: the config's; speed only, not τ)")
     parser.add_argument("--out", type=Path, help="where the rows go as JSON (default: beside the first run)")
     args = parser.parse_args()
     config = validate_config(load_layers([EMBEDDED, args.config.resolve()], {}))
     evaluation = widened(config["evaluation"], args.sets, args.skip, args.max_samples)
+    evaluation["concurrency"] = args.concurrency or evaluation["concurrency"]
     max_tokens = args.max_tokens or evaluation["max_tokens"]
     runs = [r.resolve() for r in args.runs]
     rows = [row for run in runs for row in measure_run(run, config, evaluation, args.temperatures, args.repeats,
