@@ -26,12 +26,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith.config.load import load_layers, validate_config  # noqa: E402
+from draftsmith.config.load import EMBEDDED, WORKFLOW_DIR, load_layers, validate_config  # noqa: E402
 from draftsmith.config.target import resolve  # noqa: E402
+from draftsmith.core import compute  # noqa: E402
 from draftsmith.evaluation import evaluate as ev  # noqa: E402
 from draftsmith.generation.server import managed_server  # noqa: E402
-
-EMBEDDED = REPO / "config" / "config.yaml"  # recipe configs are laid over the CPU demo (as recipes.py does)
 
 
 def widened(evaluation: dict, sets: list[str], skip: int | None, max_samples: int | None) -> dict:
@@ -62,7 +61,8 @@ def measure_run(run: Path, config: dict, evaluation: dict, temperatures: list[fl
         for name, prompts in sets.items():
             for t in temperatures:
                 for repeat in range(repeats):
-                    measured = ev.measure(server.base_url, target.model, prompts, ev.sampling(max_tokens, t, False),
+                    sampling = ev.sampling(max_tokens, t, compute.has_accelerator())  # as the evaluation seeds
+                    measured = ev.measure(server.base_url, target.model, prompts, sampling,
                                           evaluation["concurrency"], "vllm")
                     rows.append({"run": run.name, "set": name, "prompts": len(prompts), "temperature": t,
                                  "repeat": repeat, "tau": measured["acceptance"]["tau_pooled"],
@@ -96,14 +96,15 @@ def main() -> None:
                         help="requests in flight (default: the config's; speed only, not τ)")
     parser.add_argument("--out", type=Path, help="where the rows go as JSON (default: beside the first run)")
     args = parser.parse_args()
-    config = validate_config(load_layers([EMBEDDED, args.config.resolve()], {}))
+    # recipe configs are laid over the CPU demo, as recipes.py lays them
+    config = validate_config(load_layers([WORKFLOW_DIR / EMBEDDED, args.config.resolve()], {}))
     evaluation = widened(config["evaluation"], args.sets, args.skip, args.max_samples)
     evaluation["concurrency"] = args.concurrency or evaluation["concurrency"]
     max_tokens = args.max_tokens or evaluation["max_tokens"]
     runs = [r.resolve() for r in args.runs]
+    out = (args.out or runs[0].parent / "reevaluate.json").resolve()  # before measure_run enters each run's folder
     rows = [row for run in runs for row in measure_run(run, config, evaluation, args.temperatures, args.repeats,
                                                        max_tokens)]
-    out = args.out or runs[0].parent / "reevaluate.json"
     out.write_text(json.dumps(rows, indent=1))
     print("\n".join(table(rows)))
     print(f"rows: {out}")
