@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -9,7 +10,14 @@ import torch
 
 from draftsmith.config.layers import aux_layer_problem, choose_aux_layers, default_aux_layers
 from draftsmith.hidden_states import extract as hs
-from draftsmith.hidden_states.store import ShardStore, ShardTransfer, fingerprint, open_store, write_locations
+from draftsmith.hidden_states.store import (
+    ShardStore,
+    ShardTransfer,
+    fingerprint,
+    open_store,
+    shard_checksum,
+    write_locations,
+)
 from draftsmith.ops.plan import bytes_per_token
 from tests.conftest import REPO
 
@@ -139,18 +147,26 @@ def test_the_trainer_reads_either_layout_by_merged_position(layout, tmp_path):
 
 
 def test_a_killed_shard_writer_keeps_every_finished_shard(tmp_path):
-    script = (f"import torch, os, signal\nfrom draftsmith.hidden_states.store import ShardStore\n"
-              f"store = ShardStore(__import__('pathlib').Path({str(tmp_path / 'hs')!r}), {FP!r}, shard_mb=1)\n"
+    """Killed while its thread streams a shard (rows queued, a .partial file open): the shards in the
+    index are kept whole, the partial one is never taken as done and the next run deletes it."""
+    script = (f"import torch, os, signal, time, pathlib\nfrom draftsmith.hidden_states.store import ShardStore\n"
+              f"store = ShardStore(pathlib.Path({str(tmp_path / 'hs')!r}), {FP!r}, shard_mb=1)\n"
               "w = store.writer()\n"
               "for i in range(40):\n"
               "    w.write(i, torch.zeros(300, 4, 128, dtype=torch.bfloat16), torch.arange(300))\n"
-              "    if i == 25: os.kill(os.getpid(), signal.SIGKILL)\n")
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO)
+              "    if i == 25:\n"
+              "        while not store.index_path.exists() or not list(store.folder.glob('shards/*.partial')):\n"
+              "            time.sleep(0.01)\n"
+              "        os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120)
     assert proc.returncode == -9
     store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
     done = store.done([list(range(300))] * 40)
     assert done and done == set(range(len(done))) and len(done) < 26  # whole shards only, in order
     store.verify()
+    assert list((tmp_path / "hs" / "shards").glob("*.partial"))
+    store.purge_stale()
+    assert not list((tmp_path / "hs" / "shards").glob("*.partial"))
 
 
 def test_a_damaged_shard_heals_on_rerun(tmp_path):
@@ -269,6 +285,12 @@ def realistic_states(tokens: int, hidden: int = 576, seed: int = 0) -> torch.Ten
     return values.to(torch.bfloat16)
 
 
+def tensor_bytes(path):
+    """A safetensors file's bytes less its header (a shard's reserves room for thousands of rows)."""
+    with path.open("rb") as fh:
+        return path.stat().st_size - 8 - int.from_bytes(fh.read(8), "little")
+
+
 @pytest.mark.parametrize("layout", ["per_row", "shards"])
 def test_fp8_storage_round_trips_within_its_precision_per_token(layout, tmp_path):
     """Quantize, store, read back as the trainer does: every token and layer within fp8's precision
@@ -286,8 +308,8 @@ def test_fp8_storage_round_trips_within_its_precision_per_token(layout, tmp_path
         assert back.dtype == torch.bfloat16 and back.shape == original.shape
         error = (back.float() - original.float()).abs().amax(dim=-1)
         assert (error <= original.float().abs().amax(dim=-1) * 2**-4).all()
-    sizes = {s: store.describe()["bytes"] for s, store in stores.items()}
-    assert sizes["fp8"] < 0.56 * sizes["bf16"], sizes  # a 5-token row: the file header weighs in too
+    sizes = {s: sum(tensor_bytes(p) for p in store.folder.rglob("*.safetensors")) for s, store in stores.items()}
+    assert sizes["fp8"] < 0.56 * sizes["bf16"], sizes  # the scales and token ids weigh in on a 5-token row
     assert stores["bf16"].read(0)["hidden_states"].equal(original)  # bf16 is stored as computed
 
 
@@ -306,3 +328,95 @@ def test_a_change_of_storage_re_extracts_and_a_damaged_fp8_shard_is_named(tmp_pa
     shard.write_bytes(bytes(data))
     with pytest.raises(OSError, match=f"{shard.name}: does not match its index entry"):
         fp8.verify()
+
+
+def test_a_shard_streams_to_its_file_as_rows_arrive(tmp_path):
+    """The writer keeps no shard in memory (issue 37: a whole-shard payload, then sha256 over it, then
+    the write, all on the extraction's thread, stored at 0.2x the disk's speed): rows reach the
+    shard's temporary file while the shard is still open, and its index line carries xxh3-128."""
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=4)
+    writer = store.writer()
+    for row in range(3):
+        writer.write(row, torch.ones(300, 4, 128, dtype=torch.bfloat16), torch.arange(300))
+    row_bytes = 300 * 4 * 128 * 2
+    deadline = time.monotonic() + 30
+    while not (partial := list((tmp_path / "hs" / "shards").glob("*.partial"))) or \
+            partial[0].stat().st_size < 3 * row_bytes:
+        assert time.monotonic() < deadline, "the open shard's rows never reached its file"
+        time.sleep(0.01)
+    assert not list((tmp_path / "hs" / "shards").glob("shard_*.safetensors"))  # the shard is not done yet
+    writer.close()
+    entry = json.loads((tmp_path / "hs" / "index.jsonl").read_text())
+    assert set(entry) == {"shard", "rows", "fingerprint", "bytes", "xxh3_128"} and len(entry["rows"]) == 3
+    assert shard_checksum(tmp_path / "hs" / "shards" / entry["shard"]) == entry["xxh3_128"]
+    store.verify()
+    assert store.read(2)["hidden_states"].float().sum() == row_bytes / 2
+
+
+def test_shards_indexed_with_sha256_stay_readable_and_verified(tmp_path):
+    """A store written before xxh3-128 (an index line with sha256) is read, verified and, when a bit
+    rots, named as damaged: no store extracted earlier must be extracted again."""
+    from safetensors.torch import save_file
+
+    from draftsmith.core.digest import file_sha256
+
+    (tmp_path / "hs" / "shards").mkdir(parents=True)
+    shard = tmp_path / "hs" / "shards" / "shard_000000.safetensors"
+    save_file({"0.hidden_states": torch.full((5, 4, 8), 2.0, dtype=torch.bfloat16),
+               "0.token_ids": torch.tensor(ROWS[0])}, str(shard), metadata={"draftsmith_fingerprint": FP})
+    from draftsmith.core.digest import ids_digest
+
+    (tmp_path / "hs" / "index.jsonl").write_text(json.dumps({
+        "shard": shard.name, "rows": {"0": ids_digest(ROWS[0])}, "fingerprint": FP,
+        "bytes": shard.stat().st_size, "sha256": file_sha256(shard)}) + "\n")
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    assert store.done(ROWS) == {0} and store.read(0)["hidden_states"][0, 0, 0] == 2.0
+    store.verify()
+    with store.writer() as writer:  # new shards beside it carry xxh3-128
+        writer.write(1, *states(ROWS[1]))
+    store.verify()
+    assert [sorted(k for k in s if k in ("sha256", "xxh3_128")) for s in store.describe()["shards"]] == \
+        [["sha256"], ["xxh3_128"]]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert store.damaged() == [shard]
+
+
+def test_a_failing_shard_write_fails_the_extraction(tmp_path, monkeypatch):
+    """The writer's thread hits a full disk: the extraction's next write (or the close) raises it,
+    naming the store, and no shard is indexed; nothing is dropped in silence."""
+    from draftsmith.hidden_states import store as hs_store
+
+    def disk_full(self, names, tensors):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hs_store._ShardFile, "append", disk_full)
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    with pytest.raises(OSError, match=r"hs: writing a shard failed: .*No space left on device"), \
+            store.writer() as writer:
+        for row in range(50):
+            writer.write(row, *states(ROWS[0]))
+    assert store.done(ROWS) == set() and not (tmp_path / "hs" / "index.jsonl").exists()
+
+
+def test_rows_are_batched_longest_first_within_the_token_budget():
+    todo = [(0, [1] * 5), (1, [1] * 9), (2, [1] * 3), (3, [1] * 9), (4, [1] * 30)]
+    assert [[row for row, _ in batch] for batch in hs.batches(todo, 20)] == [[4], [1, 3], [0, 2]]
+    assert sum(len(batch) for batch in hs.batches(todo, 1)) == 5  # rows longer than the budget go alone
+
+
+def test_batched_extraction_stores_what_one_row_at_a_time_does(target_dir, tmp_path):
+    """Right padding never reaches a row's states (causal attention): batched rows match the same
+    rows passed alone, and each keeps its own length."""
+    rows = [[1, 504, 3300, 28, 2, 77, 91], [1, 9, 10], [1, 400, 20, 30, 2]]
+    stores = {}
+    for name, budget in (("alone", 1), ("batched", 64)):
+        stores[name] = ShardStore(tmp_path / name, FP, shard_mb=1)
+        with stores[name].writer() as writer:
+            hs.extract_transformers(str(target_dir), list(enumerate(rows)), writer, [1, 2, 3], threads=1,
+                                    dtype="float32", batch_tokens=budget)
+    for row, ids in enumerate(rows):
+        alone, batched = (stores[n].read(row) for n in ("alone", "batched"))
+        assert batched["token_ids"].tolist() == ids and batched["hidden_states"].shape == (len(ids), 4, 576)
+        assert torch.allclose(alone["hidden_states"].float(), batched["hidden_states"].float(), atol=0.05, rtol=0.02)

@@ -62,13 +62,31 @@ def write_manifest(store: HiddenStateStore, rows: list[list[int]], out: Path, fa
 
 # --- transformers backend -------------------------------------------------------------------
 
+def batches(todo: list[tuple[int, list[int]]], batch_tokens: int) -> list[list[tuple[int, list[int]]]]:
+    """Rows longest first, packed so that a batch's rows times its longest row stay within
+    ``batch_tokens`` (a longer row goes alone): little padding, and the accelerator gets work big
+    enough to keep it busy instead of one row per forward pass."""
+    batch: list[tuple[int, list[int]]] = []
+    out = []
+    for item in sorted(todo, key=lambda item: -len(item[1])):
+        if batch and (len(batch) + 1) * len(batch[0][1]) > batch_tokens:
+            out.append(batch)
+            batch = []
+        batch.append(item)
+    return [*out, batch] if batch else out
+
+
 def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writer: Writer,
                          aux_layers: list[int], threads: int, dtype: str = "bfloat16",
-                         trust_remote_code: bool = False, device: str | None = None) -> None:
-    """A forward pass per row in ``dtype`` (see :mod:`draftsmith.core.compute`) on ``device`` (the job's
-    accelerator where it has one: :func:`draftsmith.core.compute.device`); stored in bf16 by the writer,
-    which takes the states from the device. One device holds the whole target: a target larger than
-    one GPU is what the vLLM backend (tensor parallel) is for."""
+                         trust_remote_code: bool = False, device: str | None = None,
+                         batch_tokens: int = 8192) -> None:
+    """Forward passes in ``dtype`` (see :mod:`draftsmith.core.compute`) on ``device`` (the job's
+    accelerator where it has one: :func:`draftsmith.core.compute.device`), rows batched up to
+    ``batch_tokens`` (:func:`batches`). Rows are right-padded: attention is causal, so a row's
+    states never see the padding after it. The writer takes each row's states from the device
+    without waiting for them (:mod:`draftsmith.hidden_states.store`), so the next batch computes while
+    the last one is stored. One device holds the whole target: a target larger than one GPU is what
+    the vLLM backend (tensor parallel) is for."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -84,14 +102,22 @@ def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writ
     # must be the last layer's output *before* the final norm, which only a hook sees.
     hook = layers[-1].register_forward_hook(lambda _m, _i, out: captured.__setitem__(
         "last", out[0] if isinstance(out, tuple) else out))
+    bar = tqdm(total=sum(len(ids) for _, ids in todo), desc="hidden states", unit="tok", unit_scale=True,
+               mininterval=2.0)
     try:
         with torch.inference_mode():
-            for row, tokens in tqdm(todo, desc="hidden states", mininterval=2.0):
-                ids = torch.tensor(tokens)
-                out = model.model(input_ids=ids[None].to(device), output_hidden_states=True)
-                slots = [out.hidden_states[k][0] for k in aux_layers] + [captured["last"][0]]
-                writer.write(row, torch.stack(slots, dim=1), ids)
+            for batch in batches(todo, batch_tokens):
+                longest = len(batch[0][1])
+                ids = torch.zeros(len(batch), longest, dtype=torch.int64)
+                for b, (_, tokens) in enumerate(batch):
+                    ids[b, :len(tokens)] = torch.tensor(tokens)
+                out = model.model(input_ids=ids.to(device), output_hidden_states=True)
+                stacked = torch.stack([out.hidden_states[k] for k in aux_layers] + [captured["last"]], dim=2)
+                for b, (row, tokens) in enumerate(batch):
+                    writer.write(row, stacked[b, :len(tokens)], ids[b, :len(tokens)])
+                bar.update(sum(len(tokens) for _, tokens in batch))
     finally:
+        bar.close()
         hook.remove()
 
 

@@ -10,7 +10,7 @@ Layouts (``hidden_states.layout``):
   bf16 ``[seq, 4, H]``, ``token_ids`` int64 ``[seq]``, the fingerprint in the file's metadata).
 - ``shards`` (default): many rows per ``shards/shard_<n>.safetensors`` (tensors ``<row>.hidden_states``
   and ``<row>.token_ids``), written once ``shard_mb`` is reached, with an append-only
-  ``index.jsonl`` (rows, token-id digests, fingerprint, bytes, sha256 per shard). Millions of
+  ``index.jsonl`` (rows, token-id digests, fingerprint, bytes, an xxh3-128 checksum per shard). Millions of
   small files hurt every shared filesystem; shards keep the file count in the thousands.
 
 Storage (``hidden_states.storage``): ``bf16`` as computed, or ``fp8`` (float8_e4m3fn, one float32
@@ -26,18 +26,20 @@ backend, from a list of row locations: no per-row links, no copies.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import queue
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from safetensors import safe_open
-from safetensors.torch import save, save_file
+from safetensors.torch import save_file
 
 from draftsmith.core import jsonl
 from draftsmith.core.digest import file_sha256, ids_digest, json_digest
@@ -61,7 +63,8 @@ def encode(hidden_states: torch.Tensor, storage: str) -> dict[str, torch.Tensor]
     if storage != "fp8":
         raise ValueError(f"unknown hidden-state storage {storage!r}; use one of {', '.join(STORAGES)}")
     largest = hidden_states.abs().amax(dim=-1).float().clamp(min=torch.finfo(torch.float32).tiny)
-    quantized = hidden_states.float().mul_((FP8_MAX / largest)[..., None]).to(torch.float8_e4m3fn)
+    # not in place: .float() of a float32 input is the caller's tensor
+    quantized = (hidden_states.float() * (FP8_MAX / largest)[..., None]).to(torch.float8_e4m3fn)
     return {"hidden_states": quantized.contiguous(), SCALE: (largest / FP8_MAX).contiguous()}
 
 
@@ -203,6 +206,100 @@ class _RowWriter(Writer):
 
 # --- packed shards -----------------------------------------------------------------------------
 
+CHECKSUM = "xxh3_128"  # the index's checksum of each shard since issue 37 (older lines: "sha256")
+# Rows queued for the writer thread, in bytes: the extraction runs ahead of storage by at most this
+# (one row more when a single row is larger).
+QUEUE_BYTES = 1 << 30
+SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F32",
+                      torch.int64: "I64"}
+
+
+def _checksum_matches(path: Path, entry: dict) -> bool:
+    """Against the index line's checksum: xxh3-128, or sha256 for shards written before it."""
+    if CHECKSUM in entry:
+        return shard_checksum(path) == entry[CHECKSUM]
+    return file_sha256(path) == entry["sha256"]
+
+
+def shard_checksum(path: Path) -> str:
+    """xxh3-128 of a shard as :class:`_ShardFile` computes it while writing: the tensor bytes, then the
+    header (its 8-byte length and JSON); a corrupt byte anywhere changes it."""
+    with Path(path).open("rb") as fh:
+        head = fh.read(8)
+        header = head + fh.read(int.from_bytes(head, "little"))
+        digest = xxhash.xxh3_128()
+        for chunk in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(chunk)
+    digest.update(header)
+    return digest.hexdigest()
+
+
+def _header_size(entries: dict[str, dict]) -> int:
+    """Bytes these entries take in the header's compact JSON (a comma each included)."""
+    return sum(len(json.dumps({name: entry}, separators=(",", ":"))) - 1 for name, entry in entries.items())
+
+
+class _ShardFile:
+    """One shard streamed to its temporary file as rows arrive: no copy of the shard in memory.
+
+    safetensors puts its JSON header first, and the header names every tensor's offsets, so the
+    file starts with ``header_bytes`` reserved (the format allows a header padded with spaces) and
+    the header is written there last. The shard is full when its data reach the store's size or
+    its header the reserved room. The checksum is computed as the bytes go out (xxh3-128 runs at
+    many GB/s: faster than any disk, unlike sha256's ~2 GB/s on one core)."""
+
+    def __init__(self, tmp: Path, header_bytes: int):
+        self.tmp = tmp
+        self.header_bytes = header_bytes
+        self.fh = tmp.open("wb", buffering=0)
+        self.fh.seek(8 + header_bytes)
+        self.entries: dict[str, dict] = {}
+        self.header_used = 2  # "{}"
+        self.data_bytes = 0
+        self.digest = xxhash.xxh3_128()
+
+    def fits(self, names: list[str], tensors: list[torch.Tensor]) -> bool:
+        """Whether the header still has room for these tensors (and the fingerprint's metadata)."""
+        return self.header_used + _header_size(self._entries(names, tensors)) + 256 <= self.header_bytes
+
+    def _entries(self, names: list[str], tensors: list[torch.Tensor]) -> dict[str, dict]:
+        out, offset = {}, self.data_bytes
+        for name, tensor in zip(names, tensors, strict=True):
+            nbytes = tensor.numel() * tensor.element_size()
+            out[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                         "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        return out
+
+    def append(self, names: list[str], tensors: list[torch.Tensor]) -> None:
+        entries = self._entries(names, tensors)
+        for tensor in tensors:
+            view = memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
+            self.digest.update(view)
+            while view:  # a raw write may take part of a large buffer
+                view = view[self.fh.write(view):]
+        self.entries.update(entries)
+        self.header_used += _header_size(entries)
+        self.data_bytes = next(reversed(entries.values()))["data_offsets"][1]
+
+    def finish(self, fingerprint_: str) -> tuple[int, str]:
+        """Write the header into its reserved room, fsync; the file's size and checksum."""
+        header = json.dumps({"__metadata__": {FINGERPRINT_KEY: fingerprint_}, **self.entries},
+                            separators=(",", ":")).encode()
+        if len(header) > self.header_bytes:
+            raise AssertionError(f"{self.tmp}: header of {len(header)} bytes outgrew its {self.header_bytes}")
+        head = self.header_bytes.to_bytes(8, "little") + header.ljust(self.header_bytes, b" ")
+        os.pwrite(self.fh.fileno(), head, 0)
+        self.digest.update(head)
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        return 8 + self.header_bytes + self.data_bytes, self.digest.hexdigest()
+
+    def discard(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
 class ShardStore(HiddenStateStore):
     layout = "shards"
 
@@ -251,20 +348,20 @@ class ShardStore(HiddenStateStore):
         latest of this fingerprint: a stale line under the same name never vouches for a new file)."""
         used = {shard for shard, _ in self._current().values()}
         written = {e["shard"]: e for e in self.entries() if e["fingerprint"] == self.fingerprint}
-        shards = [{"shard": e["shard"], "bytes": e["bytes"], "sha256": e["sha256"], "rows": len(e["rows"])}
-                  for name, e in written.items() if name in used]
+        shards = [{"shard": e["shard"], "bytes": e["bytes"], "rows": len(e["rows"]),
+                   **{k: e[k] for k in (CHECKSUM, "sha256") if k in e}} for name, e in written.items() if name in used]
         return {"layout": self.layout, "files": len(shards), "bytes": sum(s["bytes"] for s in shards),
                 "shards": shards}
 
     def damaged(self, full: bool = True) -> list[Path]:
-        """Shards in use whose size (and sha256, when ``full``) differ from their index entry."""
+        """Shards in use whose size (and checksum, when ``full``) differ from their index entry."""
         shards = [(self.folder / "shards" / s["shard"], s) for s in self.describe()["shards"]]
         return [p for p, s in shards
-                if not p.exists() or p.stat().st_size != s["bytes"] or (full and file_sha256(p) != s["sha256"])]
+                if not p.exists() or p.stat().st_size != s["bytes"] or (full and not _checksum_matches(p, s))]
 
     def verify(self, full: bool = True) -> None:
         for path in self.damaged(full)[:1]:
-            raise OSError(f"{path}: does not match its index entry (size or sha256); it is corrupt. Rerun the "
+            raise OSError(f"{path}: does not match its index entry (size or checksum); it is corrupt. Rerun the "
                           f"dataset's hidden_states job (snakemake --forcerun {self.folder}/manifest.json): it "
                           "re-extracts the rows of damaged shards only")
 
@@ -294,40 +391,110 @@ class ShardStore(HiddenStateStore):
         return f"shard_{max(taken, default=-1) + 1:06d}.safetensors"
 
 
+class _Staged:
+    """A row on its way to the host: tensors on an accelerator are copied into pinned host memory
+    without waiting (no sync per row); the writer thread waits for the copy before reading them."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.event = None
+        self.tensors = {}
+        for name, tensor in tensors.items():
+            if tensor.device.type == "cpu":
+                self.tensors[name] = tensor.contiguous()
+                continue
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            self.tensors[name] = host
+            self.event = getattr(torch, tensor.device.type).Event()
+        if self.event is not None:
+            self.event.record()  # after the copies, on the stream that computed the states
+        self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def on_host(self) -> dict[str, torch.Tensor]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.tensors
+
+
 class _ShardWriter(Writer):
+    """Rows go into a queue bounded by bytes (:data:`QUEUE_BYTES`), and one thread streams them into
+    shard files: the extraction computes the next rows while storage takes the last ones, and waits
+    for storage only when storage is the limit. A failure of the thread (a full disk) is raised by the
+    next ``write`` or by ``close``."""
+
     def __init__(self, store: ShardStore):
         self.store = store
-        self.tensors: dict[str, torch.Tensor] = {}
+        # room for the header: ~2 MiB for a 1 GiB shard, i.e. ~15,000 tensors (~7,000 rows)
+        self.header_bytes = min(max(4 << 10, store.shard_bytes // 512), 8 << 20) // 8 * 8
+        self.queue: queue.Queue = queue.Queue()
+        self.room = threading.Condition()
+        self.queued_bytes = 0
+        self.error: BaseException | None = None
+        self.shard: _ShardFile | None = None
         self.rows: dict[str, str] = {}
-        self.bytes = 0
+        self.thread = threading.Thread(target=self._drain, name="shard-writer", daemon=True)
+        self.thread.start()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise OSError(f"{self.store.folder}: writing a shard failed: {self.error}") from self.error
 
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
-        ids = token_ids.to("cpu", torch.int64).contiguous()
-        stored = {name: tensor.to("cpu") for name, tensor in  # a shard gathers in host memory
-                  encode(hidden_states, self.store.storage).items()}
-        self.tensors.update({f"{row}.{name}": tensor for name, tensor in stored.items()})
-        self.tensors[f"{row}.token_ids"] = ids
-        self.rows[str(row)] = ids_digest(ids.tolist())
-        self.bytes += sum(t.numel() * t.element_size() for t in stored.values()) + ids.numel() * 8
-        if self.bytes >= self.store.shard_bytes:
+        self._raise()
+        ids = token_ids.to("cpu", torch.int64)
+        staged = _Staged({**encode(hidden_states, self.store.storage), "token_ids": ids})
+        with self.room:
+            self.room.wait_for(lambda: self.error is not None or self.queued_bytes == 0
+                               or self.queued_bytes + staged.nbytes <= QUEUE_BYTES)
+            self.queued_bytes += staged.nbytes
+        self._raise()
+        self.queue.put((row, ids_digest(ids.tolist()), staged))
+
+    def _drain(self) -> None:
+        while (item := self.queue.get()) is not None:
+            row, digest, staged = item
+            try:
+                if self.error is None:
+                    self._append(row, digest, staged.on_host())
+            except BaseException as err:  # raised in the extraction's thread, by write or close
+                self.error = err
+            finally:
+                with self.room:
+                    self.queued_bytes -= staged.nbytes
+                    self.room.notify_all()
+
+    def _append(self, row: int, digest: str, tensors: dict[str, torch.Tensor]) -> None:
+        names, values = [f"{row}.{name}" for name in tensors], list(tensors.values())
+        if self.shard is not None and not self.shard.fits(names, values):
+            self.flush()
+        if self.shard is None:
+            tmp = self.store.folder / "shards" / f"writing.{os.getpid()}.{threading.get_ident()}.partial"
+            self.shard = _ShardFile(tmp, self.header_bytes)
+        self.shard.append(names, values)
+        self.rows[str(row)] = digest
+        if self.shard.data_bytes >= self.store.shard_bytes:
             self.flush()
 
     def flush(self) -> None:
-        if not self.rows:
+        """The shard in progress renamed into place, then its index line: a kill before the line
+        leaves a file no line vouches for, which the next run deletes."""
+        if self.shard is None:
             return
+        size, checksum = self.shard.finish(self.store.fingerprint)
         name = self.store.next_shard_name()
-        payload = save(self.tensors, metadata={FINGERPRINT_KEY: self.store.fingerprint})
-        dest = self.store.folder / "shards" / name
-        tmp = dest.with_suffix(".partial")
-        tmp.write_bytes(payload)
-        _fsync_replace(tmp, dest)
-        entry = {"shard": name, "rows": self.rows, "fingerprint": self.store.fingerprint, "bytes": len(payload),
-                 "sha256": hashlib.sha256(payload).hexdigest()}
-        jsonl.append(self.store.index_path, [entry])
-        self.tensors, self.rows, self.bytes = {}, {}, 0
+        os.replace(self.shard.tmp, self.store.folder / "shards" / name)
+        jsonl.append(self.store.index_path, [{"shard": name, "rows": self.rows, "fingerprint": self.store.fingerprint,
+                                              "bytes": size, CHECKSUM: checksum}])
+        self.shard, self.rows = None, {}
 
     def close(self) -> None:
-        self.flush()
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is None:
+            self.flush()
+        elif self.shard is not None:
+            self.shard.discard()
+        self._raise()
 
 
 def open_store(folder: Path, fingerprint_: str, layout: str, shard_mb: int = 1024,
