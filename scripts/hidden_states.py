@@ -28,8 +28,8 @@ def main() -> None:
     if freed:
         log.info("deleted %s of hidden states made with other settings", human_bytes(freed))
     if store.layout == "shards":
-        for path in store.drop_damaged(full=ops["verify"] == "sha256"):
-            log.warning("%s is damaged (size or sha256); its rows are extracted again", path)
+        for path in store.drop_damaged(full=ops["verify"] == "checksum"):
+            log.warning("%s is damaged (size or checksum); its rows are extracted again", path)
     rows = hs.read_rows(Path(sm.input.table))
     done = store.done(rows)
     todo = [(i, ids) for i, ids in enumerate(rows) if i not in done]
@@ -43,7 +43,7 @@ def main() -> None:
     if todo and cfg["backend"] == "transformers":
         with store.writer() as writer:
             hs.extract_transformers(tgt.model, todo, writer, aux, sm.threads, dtype.dtype,
-                                    trust_remote_code=tgt.trust_remote_code)
+                                    trust_remote_code=tgt.trust_remote_code, batch_tokens=ops["batch_tokens"])
     elif todo:
         staged = 2 if dtype.dtype == "float32" else 1  # the server's file holds what it computed in
         staging = hs.staging_folder(ops["staging_dir"], folder, sm.wildcards.dataset)

@@ -31,7 +31,7 @@ def stores(manifest_paths):
         manifest = json.loads(path.read_text())
         store = open_store(path.parent, manifest["fingerprint"], manifest["layout"])
         if manifest["layout"] == "shards":
-            store.verify(full=sm.config["hidden_states"]["verify"] == "sha256")
+            store.verify(full=sm.config["hidden_states"]["verify"] == "checksum")
         out[path.parent.name] = store
         failed |= {(path.parent.name, row) for row in manifest.get("failed_rows", [])}
     return out, failed

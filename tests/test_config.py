@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from draftsmith.config.load import (
+    SCHEMA,
     ConfigError,
     annotated_yaml,
     config_files,
@@ -312,3 +313,17 @@ def test_the_configuration_doc_holds_every_key_of_the_schema():
     for key in ("`sglang_args`", "`gpus_per_node`", "`trust_remote_code`", "`<name>.token_budget`",
                 "`<name>.generation.max_tokens`"):
         assert key in doc, key
+    shown = set(re.findall(r"^(?:\| |### )`([^`]+)`", doc, re.M))  # table rows and section titles
+    assert not {name for name in schema_keys(SCHEMA) if not any(name in key.split(".") for key in shown)}
+
+
+def schema_keys(schema):
+    """Every key name the schema defines, at any depth (its own walk, not the generator's)."""
+    for name, sub in schema.get("properties", {}).items():
+        yield name
+        if isinstance(sub, dict):
+            yield from schema_keys(sub)
+    for part in [schema.get("additionalProperties"), *schema.get("allOf", []),
+                 *(schema.get("$defs", {}).values())]:
+        if isinstance(part, dict):
+            yield from schema_keys(part)

@@ -259,12 +259,19 @@ def _leaves(schema: dict, where: tuple[str, ...]):
     schema = _resolve(schema)
     for name, sub in schema.get("properties", {}).items():
         sub = _resolve(sub) if isinstance(sub, dict) else {}
-        if sub.get("type") == "object" and ("properties" in sub or isinstance(sub.get("additionalProperties"), dict)):
+        if sub.get("type") == "object" and ("properties" in sub or _named_entries(sub)):
             yield from _leaves(sub, (*where, name))
         else:
             yield ".".join((*where, name)), sub
-    if isinstance(schema.get("additionalProperties"), dict) and "properties" not in schema:
+    if _named_entries(schema) and "properties" not in schema:
         yield from _leaves(schema["additionalProperties"], (*where, "<name>"))
+
+
+def _named_entries(schema: dict) -> bool:
+    """A mapping of user-named entries that have keys of their own (datasets, prompt sets); one whose
+    values are plain (headers: a string or {env: NAME}) is a leaf."""
+    entry = schema.get("additionalProperties")
+    return isinstance(entry, dict) and "properties" in _resolve(entry)
 
 
 def _reference_row(key: str, sub: dict) -> str:
