@@ -210,6 +210,9 @@ CHECKSUM = "xxh3_128"  # the index's checksum of each shard since issue 37 (olde
 # Rows queued for the writer thread, in bytes: the extraction runs ahead of storage by at most this
 # (one row more when a single row is larger).
 QUEUE_BYTES = 1 << 30
+# Writes from the writer thread in pieces of this size: measured on a 2-core VM into tmpfs, 64 MB writes
+# from a second thread ran at ~1 GB/s and 1 MiB ones at the main thread's ~2.3 (benchmarks/README.md).
+WRITE_CHUNK = 1 << 20
 SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F32",
                       torch.int64: "I64"}
 
@@ -274,10 +277,12 @@ class _ShardFile:
     def append(self, names: list[str], tensors: list[torch.Tensor]) -> None:
         entries = self._entries(names, tensors)
         for tensor in tensors:
-            view = memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
-            self.digest.update(view)
-            while view:  # a raw write may take part of a large buffer
-                view = view[self.fh.write(view):]
+            data = memoryview(tensor.contiguous().view(torch.uint8).numpy()).cast("B")
+            for start in range(0, len(data), WRITE_CHUNK):
+                piece = data[start:start + WRITE_CHUNK]
+                self.digest.update(piece)  # hashed while the piece is in cache, just before its write
+                while piece:  # a raw write may take part of a buffer
+                    piece = piece[self.fh.write(piece):]
         self.entries.update(entries)
         self.header_used += _header_size(entries)
         self.data_bytes = next(reversed(entries.values()))["data_offsets"][1]
