@@ -16,7 +16,7 @@ from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.hidden_states import extract as hs
 from draftsmith.hidden_states.store import BACKEND, fingerprint, open_store, write_locations
 from draftsmith.ops.runner import run, target_of
-from draftsmith.training import placement
+from draftsmith.training import placement, probe
 from draftsmith.training import speculators_patches as patches
 from draftsmith.training import train as tr
 
@@ -70,6 +70,7 @@ def main() -> None:
                                    for i in keep])
     on_cpu = patches.adapt_for_cpu()
     dtype = compute.choose(ops["dtype"], training=True)
+    trainer = probe.choose(ops["loss_implementation"], ops["compile"], cfg["loss_fn"], compute.device())
     rows = len(keep)
     n_train = sum(table[i]["split"] == TRAIN for i in keep)
     server = spec_from_config(tgt, sm.config["server"], **hs.vllm_server_configs(
@@ -83,7 +84,8 @@ def main() -> None:
             log_dir=run_dir / "logs", num_workers=ops["num_workers"], from_pretrained=pretrained,
             hidden_states_backend="file" if online else BACKEND,
             vllm_endpoint=extractor.base_url if online else None, dtype=dtype.dtype,
-            trust_remote_code=tgt.trust_remote_code)
+            trust_remote_code=tgt.trust_remote_code, loss_implementation=trainer.loss_implementation,
+            compile_=trainer.compile)
         log.info("run %s (%d rows, %s hidden states, cpu=%s, %s: %s): speculators train %s", key, rows,
                  hs_cfg["mode"], on_cpu, dtype.dtype, dtype.reason, " ".join(argv))
         metrics = run_dir / "validation.jsonl"
@@ -93,6 +95,7 @@ def main() -> None:
             validation = tr.train_under_torchrun(processes, metrics, argv, threads)
         else:
             validation = tr.train(argv, metrics)
+    phases = json.loads(tr.phases_file(metrics).read_text())
     for epoch in validation:
         epoch["simulated_tau"] = tr.simulated_tau(epoch)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \
@@ -105,6 +108,7 @@ def main() -> None:
         "hidden_states": {"mode": hs_cfg["mode"], "layout": None if online else hs_cfg["layout"],
                           "storage": None if online else hs_cfg["storage"], "aux_layers": aux},
         "warm_start": json.loads((pretrained / "check.json").read_text()) if pretrained else None,
+        "trainer": trainer.as_dict(), "phases": phases,
         "speculators_argv": argv, "validation": validation})
     log.info("exporting epoch %s: %s", choice["epoch"], choice["reason"])
 

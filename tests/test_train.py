@@ -33,8 +33,11 @@ def test_speculators_arguments(tmp_path):
     assert value(argv, "--optimizer") == "muon" and value(argv, "--on-missing") == "raise"
     assert {"--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output"} <= set(argv)
     assert "--max-steps" not in argv and "--from-pretrained" not in argv
-    gpu = args(tmp_path, on_cpu=False, from_pretrained=tmp_path / "pre", vllm_endpoint="http://h:1/v1")
-    assert "--loss-implementation" not in gpu and value(gpu, "--from-pretrained") == str(tmp_path / "pre")
+    assert tr.NO_COMPILE in argv  # the CPU computes eagerly
+    gpu = args(tmp_path, on_cpu=False, from_pretrained=tmp_path / "pre", vllm_endpoint="http://h:1/v1",
+               loss_implementation="fused", compile_=True)
+    assert value(gpu, "--loss-implementation") == "fused" and value(gpu, "--from-pretrained") == str(tmp_path / "pre")
+    assert tr.NO_COMPILE not in gpu and "--draft-attn-impl" not in gpu
     assert "--num-layers" not in gpu and "--no-norm-output" not in gpu  # the checkpoint defines the model
     assert value(gpu, "--on-missing") == "generate" and value(gpu, "--vllm-endpoint") == "http://h:1/v1"
     # The arguments are what speculators' own parser accepts.
@@ -42,17 +45,70 @@ def test_speculators_arguments(tmp_path):
 
     import draftsmith.hidden_states.store  # noqa: F401 - registers the backend
 
-    TrainConfig.resolve(args(tmp_path, from_pretrained=tmp_path / "pre"))  # no conflicting model flags
-    resolved = TrainConfig.resolve(args(tmp_path, hidden_states_backend="draftsmith")).flatten()
+    def resolve(argv):
+        return TrainConfig.resolve([a for a in argv if a not in tr.OWN_FLAGS])
+
+    resolve(args(tmp_path, from_pretrained=tmp_path / "pre"))  # no conflicting model flags
+    resolved = resolve(args(tmp_path, hidden_states_backend="draftsmith")).flatten()
     assert resolved["norm_before_residual"] is False and resolved["scheduler_type"] == "cosine"
     assert resolved["hidden_states_backend"] == "draftsmith" and resolved["checkpoint_freq"] == 1
 
 
 def test_several_gpus_run_the_same_worker_under_torchrun(tmp_path):
-    cmd = tr.torchrun_command(8, tmp_path / "v.jsonl", ["--epochs", "5"])
+    assert tr.torchrun_accepts(tr.SHUTDOWN_TIMEOUT_FLAG)  # torch 2.13, pinned here
+    cmd = tr.torchrun_command(8, tmp_path / "v.jsonl", ["--epochs", "5"], shutdown_timeout=True)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=8"]
     assert cmd[5] == f"--shutdown-timeout={tr.RANKS_STOP_TIMEOUT_S}"  # not torchrun's 30 s before SIGKILL
     assert cmd[6:9] == ["-m", "draftsmith.training.train", str(tmp_path / "v.jsonl")] and cmd[-2:] == ["--epochs", "5"]
+
+
+def without_shutdown_timeout():
+    """torchrun's parser as torch 2.11's (the lent H200's), which has no --shutdown-timeout."""
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    for action in [a for a in parser._actions if tr.SHUTDOWN_TIMEOUT_FLAG in a.option_strings]:
+        parser._remove_action(action)
+        for flag in action.option_strings:
+            del parser._option_string_actions[flag]
+    return parser
+
+
+def test_a_torchrun_without_the_shutdown_flag_gets_a_command_it_parses(tmp_path, monkeypatch):
+    """torch 2.11's torchrun refused the command with 'unrecognized arguments: --shutdown-timeout=180'
+    (issue 37): the flag is passed only where the installed torchrun takes it."""
+    import torch.distributed.run as torchrun
+
+    old = without_shutdown_timeout()
+    monkeypatch.setattr(torchrun, "get_args_parser", lambda: old)
+    assert not tr.torchrun_accepts(tr.SHUTDOWN_TIMEOUT_FLAG)
+    cmd = tr.torchrun_command(2, tmp_path / "v.jsonl", ["--epochs", "5"],
+                              shutdown_timeout=tr.torchrun_accepts(tr.SHUTDOWN_TIMEOUT_FLAG))
+    parsed = old.parse_args(cmd[3:])  # an unknown flag exits with argparse's error
+    assert parsed.nproc_per_node == "2" and parsed.training_script == "draftsmith.training.train"
+
+
+def test_without_the_shutdown_flag_a_stop_goes_to_the_ranks_not_torchrun(tmp_path):
+    """An old torchrun kills its ranks 30 s after it is signalled itself: the job signals the ranks
+    (torchrun's children) instead, and torchrun, untouched, exits once they have stopped."""
+    import subprocess
+    import sys
+
+    script = ("import signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(7))  # torchrun: signalled, it would give up\n"
+              "rank = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time\\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\\nprint(1, flush=True)\\ntime.sleep(60)'],"
+              " stdout=subprocess.PIPE)\n"
+              "rank.stdout.readline(); print('ready', flush=True)\n"
+              "sys.exit(3 if rank.wait() == 0 else 4)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout.readline().strip() == "ready"
+    tr._stop_ranks(launcher, shutdown_timeout=False)
+    assert launcher.wait(timeout=30) == 3  # the rank stopped on its signal; the launcher was not signalled
+    launcher = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert launcher.stdout.readline().strip() == "ready"
+    tr._stop_ranks(launcher, shutdown_timeout=True)  # a new torchrun: signalled itself, it waits for its ranks
+    assert launcher.wait(timeout=30) == 7
 
 
 def test_simulated_tau_and_the_checkpoint_choice(tmp_path):
@@ -165,8 +221,8 @@ def test_quality_levers_reach_speculators(tmp_path):
                                verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
                                d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
                                train_ratio=0.9, on_cpu=True, log_dir=tmp_path, num_workers=1, dtype="float32")
-    assert argv[-1] == tr.TRAIN_LM_HEAD  # draftsmith's own flag, taken out before speculators parses
-    flat = TrainConfig.resolve(argv[:-1]).flatten()
+    assert tr.TRAIN_LM_HEAD in argv  # draftsmith's own flag, taken out before speculators parses
+    flat = TrainConfig.resolve([a for a in argv if a not in tr.OWN_FLAGS]).flatten()
     assert (flat["fc_norm"], flat["draft_arch"], flat["loss_fn"], flat["hidden_states_dtype"]) == \
         (True, "qwen3", "lk_hybrid", "float32")
     # With either architecture, fc_norm replaces the norm before fc: speculators refuses both.
@@ -175,7 +231,7 @@ def test_quality_levers_reach_speculators(tmp_path):
                                    verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
                                    d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
                                    train_ratio=0.9, on_cpu=True, log_dir=tmp_path, num_workers=1, dtype="float32")
-        draft = TrainConfig.resolve(argv).flatten()
+        draft = TrainConfig.resolve([a for a in argv if a not in tr.OWN_FLAGS]).flatten()
         assert draft["fc_norm"] and not draft["norm_before_fc"], architecture
         assert argv.count(tr.NO_NORM_BEFORE_FC) == 1
     # A warm start takes its model definition from the checkpoint.
@@ -365,3 +421,54 @@ def test_a_trained_head_stays_the_same_on_every_rank(tmp_path):
     (initial, head0), (_, head1) = (torch.load(tmp_path / f"head{rank}.pt") for rank in (0, 1))
     assert not torch.equal(head0, initial)  # it trained
     assert torch.equal(head0, head1)
+
+
+def test_the_fused_loss_falls_back_to_eager_when_its_probe_fails(caplog):
+    """On the lent H200 the fused loss broke torch 2.11's dynamo in the first step (issue 37). Here the
+    probes are asked to run on CUDA, which this CPU machine lacks, so they fail for real: ``auto``
+    trains eagerly and uncompiled, and the log and the summary say why."""
+    import logging
+
+    from draftsmith.training import probe
+
+    with caplog.at_level(logging.WARNING, logger="draftsmith.training.probe"):
+        choice = probe.choose("auto", "auto", "kl_div", "cuda")
+    assert (choice.loss_implementation, choice.compile) == ("eager", False)
+    assert "torch.compile failed its probe" in choice.reason and "the fused loss failed its probe uncompiled" in \
+        choice.reason and "so eager" in choice.reason
+    assert "fused loss failed its probe" in caplog.text
+    assert probe.probe("kl_div", "eager", False, "cpu") is None  # the probe itself works where it can
+    fixed = probe.choose("eager", "off", "kl_div", "cuda")  # set in the config: no probe
+    assert (fixed.loss_implementation, fixed.compile) == ("eager", False) and "set in the config" in fixed.reason
+    on_cpu = probe.choose("auto", "auto", "kl_div", "cpu")
+    assert (on_cpu.loss_implementation, on_cpu.compile) == ("eager", False) and "no CUDA device" in on_cpu.reason
+    with pytest.raises(ValueError, match="need a CUDA GPU"):
+        probe.choose("fused", "auto", "kl_div", "cpu")
+
+
+def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypatch, caplog):
+    """Launch, build, first step (compilation), first validation, steady steps/s, and a heartbeat
+    that names the phase while nothing else is logged."""
+    import logging
+
+    monkeypatch.setattr(tr, "HEARTBEAT_S", 0.05)
+    now = [100.0]
+
+    def at(seconds):
+        now[0] = seconds
+
+    with caplog.at_level(logging.INFO, logger=tr.log.name), \
+            tr.Phases(tmp_path / "phases.json", launched_at=tr.time.time() - 12, clock=lambda: now[0]) as phases:
+        at(101), phases.mark("build")
+        at(103), phases.enter("training")
+        at(110), phases.step()  # the first step, compilation in it
+        for second in (110.5, 111, 111.5):
+            at(second), phases.step()
+        at(115), phases.enter("validation")
+        at(121), phases.validated()
+        tr.time.sleep(0.2)  # the heartbeat's turn
+        at(122), phases.done()
+    recorded = json.loads((tmp_path / "phases.json").read_text())
+    assert 11 <= recorded["launch_s"] <= 14 and recorded["build_s"] == 1.0 and recorded["first_step_s"] == 10.0
+    assert recorded["first_validation_s"] == 6.0 and recorded["steps_per_s"] == 2.0 and recorded["done_s"] == 22.0
+    assert recorded["steps"] == 4 and "trainer: between epochs for" in caplog.text  # the heartbeat

@@ -15,6 +15,7 @@ and train differently, so importing this module checks the installed release fir
 | :func:`stop_together_after_a_step` | ranks stop after the same step | a stop mid-all-reduce hangs |
 | :func:`keep_workers_through_sigterm` | dataloader workers ignore SIGTERM | SLURM signals every process |
 | :func:`metrics_to` | a handler on ``speculators.metrics`` after its set-up | per-epoch validation on disk |
+| :func:`time_phases` | notes when the model is built, the first step and validation end | time to first step |
 """
 
 from __future__ import annotations
@@ -258,6 +259,35 @@ def metrics_to(handler: logging.Handler) -> Iterator[None]:
     finally:
         cli.setup_metric_logger = setup_metric_logger
         logging.getLogger("speculators.metrics").removeHandler(handler)
+
+
+def time_phases(trainer_cls, phases) -> None:
+    """Tell ``phases`` (:class:`draftsmith.training.train.Phases`) when the trainer is built, when each
+    step and each validation ends: the one-time costs (compilation in the first step and the first
+    validation) show apart from the steady pace."""
+    original_init, original_epoch, original_val = trainer_cls.__init__, trainer_cls.train_epoch, \
+        trainer_cls.val_epoch
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        phases.mark("build")
+
+    def train_epoch(self, epoch, *args, step_callback=None, **kwargs):
+        def count_then_call() -> None:
+            phases.step()
+            if step_callback is not None:
+                step_callback()
+
+        phases.enter("training")
+        return original_epoch(self, epoch, *args, step_callback=count_then_call, **kwargs)
+
+    def val_epoch(self, epoch, *args, **kwargs):
+        phases.enter("validation")
+        result = original_val(self, epoch, *args, **kwargs)
+        phases.validated()
+        return result
+
+    trainer_cls.__init__, trainer_cls.train_epoch, trainer_cls.val_epoch = init, train_epoch, val_epoch
 
 
 check_speculators()

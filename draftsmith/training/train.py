@@ -23,13 +23,14 @@ import logging
 import os
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from draftsmith.core import jsonl
-from draftsmith.core.atomic import atomic_path
+from draftsmith.core.atomic import atomic_path, write_json
 from draftsmith.training import speculators_patches as patches
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,10 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
                      aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path, num_workers: int,
                      from_pretrained: Path | None = None, hidden_states_backend: str = "file",
                      vllm_endpoint: str | None = None, dtype: str = "bfloat16",
-                     trust_remote_code: bool = False) -> list[str]:
+                     trust_remote_code: bool = False, loss_implementation: str = "eager",
+                     compile_: bool = False) -> list[str]:
+    """speculators' training arguments, and draftsmith's own flags (removed before its parser sees
+    them): ``loss_implementation`` and ``compile_`` as :func:`draftsmith.training.probe.choose` decided."""
     args: dict = {
         "hidden-states-dtype": dtype,
         "speculator-type": "eagle3",
@@ -89,6 +93,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         "checkpoint-freq": 1,
         "log-dir": str(log_dir),
         "hidden-states-backend": hidden_states_backend,
+        "loss-implementation": loss_implementation,
     }
     for key, flag in (("max_steps", "max-steps"), ("warmup_steps", "scheduler-warmup-steps"),
                       ("warmup_ratio", "scheduler-warmup-ratio")):
@@ -104,9 +109,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     else:
         args["on-missing"] = "raise"  # offline: a missing hidden state is a bug, never a silent skip
     if on_cpu:
-        # The fused loss is a Triton kernel and FlexAttention has no CPU backward.
-        args["loss-implementation"] = "eager"
-        args["draft-attn-impl"] = "sdpa"
+        args["draft-attn-impl"] = "sdpa"  # FlexAttention has no CPU backward
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
@@ -115,7 +118,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         # EAGLE-3.1's per-layer norm replaces the one norm before fc (speculators refuses both)
         model_flags += ["--fc-norm"] + ([] if NO_NORM_BEFORE_FC in model_flags else [NO_NORM_BEFORE_FC])
     return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else []) + \
-        (["--trust-remote-code"] if trust_remote_code else [])
+        (["--trust-remote-code"] if trust_remote_code else []) + ([] if compile_ else [NO_COMPILE])
 
 
 # How long torchrun waits for its ranks after passing on a stop signal before it kills them (its own
@@ -124,11 +127,40 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
 RANKS_STOP_TIMEOUT_S = 180
 
 
-def torchrun_command(nproc: int, metrics_file: Path, argv: list[str]) -> list[str]:
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+
+
+def torchrun_accepts(flag: str) -> bool:
+    """Whether the installed torchrun takes ``flag`` (``--shutdown-timeout`` came with torch 2.12;
+    clusters, containers and the lent H200 run older ones, which refuse unknown flags)."""
+    from torch.distributed.run import get_args_parser
+
+    return flag in get_args_parser()._option_string_actions
+
+
+def torchrun_command(nproc: int, metrics_file: Path, argv: list[str], shutdown_timeout: bool) -> list[str]:
     """Several training processes (one per GPU; gloo ranks on a CPU): the same worker as a
-    single-process run, under torchrun."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            f"--shutdown-timeout={RANKS_STOP_TIMEOUT_S}", "-m", "draftsmith.training.train", str(metrics_file), *argv]
+    single-process run, under torchrun. ``shutdown_timeout``: whether this torchrun takes
+    :data:`SHUTDOWN_TIMEOUT_FLAG` (:func:`torchrun_accepts`)."""
+    wait = [f"{SHUTDOWN_TIMEOUT_FLAG}={RANKS_STOP_TIMEOUT_S}"] if shutdown_timeout else []
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *wait,
+            "-m", "draftsmith.training.train", str(metrics_file), *argv]
+
+
+def _stop_ranks(torchrun, shutdown_timeout: bool) -> None:
+    """Pass a stop to the ranks. A torchrun that takes --shutdown-timeout waits that long for them;
+    an older one kills them 30 s after it is signalled, which can cut the interrupt checkpoint short:
+    there the ranks (torchrun's children) are signalled themselves, torchrun not at all, and it exits
+    once they have saved and stopped."""
+    import signal
+
+    import psutil
+
+    if shutdown_timeout:
+        torchrun.send_signal(signal.SIGTERM)
+        return
+    for rank in psutil.Process(torchrun.pid).children():
+        rank.send_signal(signal.SIGTERM)
 
 
 def interrupted_marker(metrics_file: Path) -> Path:
@@ -146,9 +178,15 @@ def train_under_torchrun(nproc: int, metrics_file: Path, argv: list[str], thread
     marker = interrupted_marker(metrics_file)
     marker.unlink(missing_ok=True)
     per_rank = str(max(1, threads // nproc))
-    proc = subprocess.Popen(torchrun_command(nproc, metrics_file, argv), stdout=sys.stderr, stderr=sys.stderr,
-                            env={**os.environ, "OMP_NUM_THREADS": per_rank, "MKL_NUM_THREADS": per_rank})
-    previous = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
+    shutdown_timeout = torchrun_accepts(SHUTDOWN_TIMEOUT_FLAG)
+    if not shutdown_timeout:
+        log.warning("this torchrun has no %s: a stop from the workflow goes to the ranks themselves; a "
+                    "SIGTERM to torchrun itself (a cluster's) gives them its fixed 30 s to save",
+                    SHUTDOWN_TIMEOUT_FLAG)
+    proc = subprocess.Popen(torchrun_command(nproc, metrics_file, argv, shutdown_timeout), stdout=sys.stderr,
+                            stderr=sys.stderr, env={**os.environ, "OMP_NUM_THREADS": per_rank,
+                                                    "MKL_NUM_THREADS": per_rank, LAUNCHED_AT: str(time.time())})
+    previous = signal.signal(signal.SIGTERM, lambda *_: _stop_ranks(proc, shutdown_timeout))
     try:
         code = proc.wait()
     finally:
@@ -157,6 +195,10 @@ def train_under_torchrun(nproc: int, metrics_file: Path, argv: list[str], thread
         raise TrainingInterrupted(marker.read_text())
     if code != 0:
         raise RuntimeError(f"torchrun with {nproc} processes exited with code {code} (see the rank logs above)")
+    phases = json.loads(phases_file(metrics_file).read_text())
+    phases["exit_s"] = round(time.time() - phases["done_at"], 1)  # from the work's end to torchrun's
+    log.info("trainer: the processes exited %.1f s after their work was done", phases["exit_s"])
+    write_json(phases_file(metrics_file), phases)
     return read_validation(metrics_file)
 
 
@@ -196,6 +238,109 @@ def _resumable(save_dir: Path, state: dict) -> str:
 
 
 TRAIN_LM_HEAD = "--draftsmith-train-lm-head"  # ours, not speculators': removed before its parser sees it
+NO_COMPILE = "--draftsmith-no-compile"  # likewise: speculators' compiled forward runs eagerly
+OWN_FLAGS = (TRAIN_LM_HEAD, NO_COMPILE)
+LAUNCHED_AT = "DRAFTSMITH_TRAIN_LAUNCHED_AT"  # the job's wall clock when it started the trainer's processes
+HEARTBEAT_S = 60.0
+
+
+class Phases:
+    """Where a training job's time goes, logged as it happens and kept in ``phases.json`` beside the
+    metrics (rank 0): launch (process start and imports), build (model, optimizer, data), the first
+    step (compilation included; ``compile_s`` is dynamo's own count), the first validation, the
+    steady steps per second, and the work's end. A heartbeat line every :data:`HEARTBEAT_S` names the
+    phase and the steps done, so a stall shows as a stall, never as silence."""
+
+    def __init__(self, path: Path, launched_at: float | None = None, clock=time.monotonic):
+        self.path = path
+        self.clock = clock
+        self.started = clock()
+        self.wall_started = time.time()
+        self.seconds: dict[str, float] = {"launch_s": round(self.wall_started - launched_at, 1)} if launched_at \
+            else {}
+        self.phase, self.phase_since = "build", self.started
+        self.steps, self.steady_steps, self.steady_s = 0, 0, 0.0
+        self.last_step: float | None = None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.heartbeat = threading.Thread(target=self._beat, name="trainer-heartbeat", daemon=True)
+
+    def __enter__(self) -> Phases:
+        log.info("trainer: started%s", f" {self.seconds['launch_s']:.1f} s after its launch"
+                 if "launch_s" in self.seconds else "")
+        self.heartbeat.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.heartbeat.join()
+
+    def _beat(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            with self.lock:
+                log.info("trainer: %s for %.0f s, %d steps done", self.phase, self.clock() - self.phase_since,
+                         self.steps)
+
+    def _record(self, name: str, now: float) -> None:
+        self.seconds[name] = round(now - self.started, 1)
+        log.info("trainer: %s done %.1f s after start", name.removesuffix("_s").replace("_", " "),
+                 self.seconds[name])
+        self.write()
+
+    def mark(self, name: str) -> None:
+        with self.lock:
+            self._record(f"{name}_s", self.clock())
+
+    def enter(self, phase: str) -> None:
+        with self.lock:
+            self.phase, self.phase_since = phase, self.clock()
+            self.last_step = None  # the time between epochs is not a step
+
+    def step(self) -> None:
+        now = self.clock()
+        with self.lock:
+            self.steps += 1
+            if self.steps == 1:
+                self._record("first_step_s", now)
+            elif self.last_step is not None:
+                self.steady_steps += 1
+                self.steady_s += now - self.last_step
+            self.last_step = now
+
+    def validated(self) -> None:
+        with self.lock:
+            if "first_validation_s" not in self.seconds:
+                self.seconds["first_validation_s"] = round(self.clock() - self.phase_since, 1)
+                log.info("trainer: first validation took %.1f s", self.seconds["first_validation_s"])
+            self.phase, self.phase_since = "between epochs", self.clock()
+
+    def done(self) -> None:
+        with self.lock:
+            self.phase = "exiting"
+            self._record("done_s", self.clock())
+
+    def as_dict(self) -> dict:
+        out = {**self.seconds, "steps": self.steps, "compile_s": compile_seconds(), "done_at": time.time()}
+        if self.steady_steps:
+            out["steps_per_s"] = round(self.steady_steps / self.steady_s, 3) if self.steady_s else None
+        return out
+
+    def write(self) -> None:
+        if int(os.environ.get("RANK", "0")) == 0:
+            write_json(self.path, self.as_dict())
+
+
+def compile_seconds() -> float | None:
+    """Seconds dynamo spent compiling in this process (its own count), None where torch keeps none."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return None
+    return round(sum(sum(times) for times in compilation_time_metrics.values()), 1)
+
+
+def phases_file(metrics_file: Path) -> Path:
+    return metrics_file.with_name("phases.json")
 
 
 def train(argv: list[str], metrics_file: Path) -> list[dict]:
@@ -209,8 +354,12 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
     from draftsmith.hidden_states import store  # noqa: F401 - registers the sharded hidden-state backend
 
     if TRAIN_LM_HEAD in argv:
-        argv = [a for a in argv if a != TRAIN_LM_HEAD]
         patches.train_lm_head(trainer.Trainer)
+    if NO_COMPILE in argv:
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
+    argv = [a for a in argv if a not in OWN_FLAGS]
     config = TrainConfig.resolve(argv)
     if config.flatten()["hidden_states_dtype"] == "float32":
         patches.muon_in_fp32()  # computing in fp32 because bf16 is not native here: the optimizer too
@@ -220,12 +369,17 @@ def train(argv: list[str], metrics_file: Path) -> list[dict]:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         patches.stop_together_after_a_step(trainer.Trainer)
     patches.keep_workers_through_sigterm()
-    try:
-        with patches.metrics_to(_ValidationMetrics(metrics_file)):
-            cli.main(config)
-    except BaseException:
-        patches.stop_dataloader_workers()
-        raise
+    launched_at = os.environ.get(LAUNCHED_AT)
+    with Phases(phases_file(metrics_file), float(launched_at) if launched_at else None) as phases:
+        patches.time_phases(trainer.Trainer, phases)
+        try:
+            with patches.metrics_to(_ValidationMetrics(metrics_file)):
+                cli.main(config)
+        finally:
+            # The dataloader's workers ignore SIGTERM (keep_workers_through_sigterm), and
+            # multiprocessing's exit handler would wait for any left: the work is done or failed.
+            patches.stop_dataloader_workers()
+        phases.done()
     if state.get("interrupted"):
         where = _resumable(Path(config.flatten()["save_path"]), state) if int(os.environ.get("RANK", "0")) == 0 \
             else "rank 0 saved the checkpoint"
@@ -273,6 +427,13 @@ def main() -> None:
         if int(os.environ.get("RANK", "0")) == 0:
             interrupted_marker(metrics_file).write_text(str(stop))
         raise SystemExit(1) from None
+    # Everything this worker writes is closed by now. On the lent H200 a finished worker had not exited
+    # 33 s after its last validation; nothing left in this process may hold the job: exit without
+    # running interpreter teardown (threads, atexit handlers, CUDA and NCCL finalizers).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

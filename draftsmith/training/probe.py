@@ -1,0 +1,124 @@
+"""Before training: which loss implementation and whether torch.compile work with the torch found here.
+
+speculators computes its loss with fused Triton kernels inside its ``torch.compile``d forward. Both
+depend on the installed torch, Triton and driver, which differ between clusters, containers and
+vLLM's pins: on the lent H200 (torch 2.11) dynamo failed on the fused loss's autotuner in the first
+step (issue 37). A probe runs the configured loss forward and backward on a tiny batch on the job's
+device, in a process of its own (a kernel that faults can poison a CUDA context), compiled when the
+trainer will compile, and compares it with the eager loss. ``auto`` settings then take what worked,
+and the choice and its reason go to the log, the training summary, the report and the model card.
+
+    python -m draftsmith.training.probe LOSS_FN IMPLEMENTATION COMPILE DEVICE   # exits 0 when it works
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 600  # a first Triton compile and autotune take seconds to a few minutes
+
+
+@dataclass
+class Choice:
+    """How the trainer computes: the loss implementation, whether speculators compiles, and why."""
+
+    loss_implementation: str
+    compile: bool
+    reason: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_probe(loss_fn: str, implementation: str, compile_: bool, device: str) -> None:
+    """The loss of ``implementation`` forward and backward on a tiny batch; raises when it fails or
+    disagrees with the eager loss."""
+    import torch
+    from speculators.losses.utils import resolve_loss_config
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 64, 512, generator=generator).to(device, torch.bfloat16).requires_grad_()
+    targets = torch.randn(1, 64, 512, generator=generator).to(device, torch.bfloat16)
+
+    def loss_of(config, values):
+        return sum(weight * fn(values, targets).float().mean() for fn, weight in config.values())
+
+    step = torch.compile(loss_of) if compile_ else loss_of
+    loss = step(resolve_loss_config(loss_fn, implementation), logits)
+    loss.backward()
+    reference = loss_of(resolve_loss_config(loss_fn, "eager"), logits.detach())
+    if not (torch.isfinite(loss) and torch.isfinite(logits.grad).all()):
+        raise FloatingPointError(f"the {implementation} loss gave non-finite values")
+    if not torch.allclose(loss.float(), reference.float(), rtol=0.05, atol=1e-3):
+        raise ArithmeticError(f"the {implementation} loss gave {loss.item():.5f}, the eager one "
+                              f"{reference.item():.5f}")
+
+
+def probe(loss_fn: str, implementation: str, compile_: bool, device: str,
+          timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Run :func:`run_probe` in a process of its own; ``None`` when it worked, else what went wrong."""
+    command = [sys.executable, "-m", "draftsmith.training.probe", loss_fn, implementation,
+               "on" if compile_ else "off", device]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"no result within {timeout_s:.0f} s"
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
+def choose(loss_setting: str, compile_setting: str, loss_fn: str, device: str) -> Choice:
+    """The trainer's loss implementation and compilation, from the config's settings (``auto``,
+    ``fused``/``eager``, ``on``/``off``) and, for ``auto``, the probes on ``device``.
+
+    speculators compiles only on CUDA and its fused losses are Triton GPU kernels: without an
+    accelerator both ``auto`` settings resolve to eager, uncompiled, with no probe."""
+    on_gpu = device.startswith("cuda")
+    if not on_gpu:
+        if loss_setting == "fused" or compile_setting == "on":
+            raise ValueError("train.loss_implementation: fused and train.compile: on need a CUDA GPU "
+                             "(Triton kernels; speculators compiles only there); this job has none")
+        return Choice("eager", False, "no CUDA device: the fused loss is a Triton GPU kernel, and "
+                                      "speculators compiles only on CUDA")
+    reasons = []
+    compile_ = compile_setting != "off"
+    if compile_setting == "auto":
+        started = time.monotonic()
+        failure = probe(loss_fn, "eager", True, device)
+        compile_ = failure is None
+        reasons.append(f"torch.compile {'works' if compile_ else 'failed its probe: ' + failure} "
+                       f"({time.monotonic() - started:.0f} s)")
+    else:
+        reasons.append(f"torch.compile {compile_setting} (set in the config)")
+    implementation = loss_setting
+    if loss_setting == "auto":
+        started = time.monotonic()
+        failure = probe(loss_fn, "fused", compile_, device)
+        implementation = "fused" if failure is None else "eager"
+        where = "compiled" if compile_ else "uncompiled"
+        reasons.append(f"the fused loss {'works ' + where if failure is None else 'failed its probe ' + where}"
+                       f"{'' if failure is None else ': ' + failure}, so {implementation} "
+                       f"({time.monotonic() - started:.0f} s)")
+    else:
+        reasons.append(f"{loss_setting} loss (set in the config)")
+    choice = Choice(implementation, compile_, "; ".join(reasons))
+    (log.info if "failed" not in choice.reason else log.warning)("trainer: %s", choice.reason)
+    return choice
+
+
+if __name__ == "__main__":
+    loss_fn_, implementation_, compile_arg, device_ = sys.argv[1:5]
+    try:
+        run_probe(loss_fn_, implementation_, compile_arg == "on", device_)
+    except Exception as err:  # the one line probe() reports; the traceback stays out of the job's log
+        print(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}",
+              file=sys.stderr)
+        sys.exit(1)
