@@ -2,24 +2,30 @@
 
     benchmarks/gpu_check.sh [--cpu] [--out DIR]
 
-That machine is bare (Python 3.12, torch for CUDA 13, transformers; no vLLM, no network), so the
-check builds its own tiny target with transformers' config classes and runs draftsmith's own code:
+That machine is bare (Python 3.12, torch for CUDA, transformers; no vLLM, no network) and lent for
+15 minutes, a start included: the check must tell everything in one run of at most 6 minutes. It
+builds its own tiny targets with transformers' config classes and runs draftsmith's own code, each
+step in a process of its own with its own time limit (one failure never hides the next), and
+writes every result and phase timing to ``gpu_check.json``:
 
-1. hidden states with the transformers backend on the GPU, against the same rows on the CPU, and
-   against a bare forward pass of the same model (tok/s ratio: what extraction costs over the model);
-2. speculators training under torchrun (NCCL on GPUs, gloo ranks on a CPU) in the dtype ``auto``
-   picks, with the draft LM head trained, against speculators' own loop on the same data and
-   arguments without draftsmith's wrappers (tok/s ratio);
-3. the export vLLM loads (``Eagle3DraftModel.from_pretrained``) and whether the trained head moved.
+1. ``extract_small`` / ``extract_large``: hidden states with the transformers backend at hidden 1,024
+   and at a Qwen3-8B width (hidden 4,096, vocab 151,936), against a bare forward pass of the same
+   batches and a raw write + fsync of the same bytes to the same disk (issue 37's goal: at least
+   0.8x of the slower of the two); the small one's states against the CPU's;
+2. ``probe``: what ``train.loss_implementation: auto`` and ``train.compile: auto`` choose on this GPU;
+3. ``train_fused`` / ``train_eager``: draftsmith's trainer under torchrun with each loss, compiled as
+   speculators compiles, with its phases (launch, build, first step, compile, first validation,
+   steps/s, exit); ``speculators_loop``: speculators' own loop on the same data and arguments;
+4. ``export``: the export vLLM loads, and whether the trained draft LM head moved.
 
-``--cpu`` runs the same steps on the CPU (CI does, with vLLM not importable), so the check cannot
-rot. Each step that cannot run here says why; the script fails only on a step that ran and broke.
+``--cpu`` runs the same steps on the CPU with small sizes (CI does, with vLLM not importable), so
+the check cannot rot; there the fused loss is not run (a Triton GPU kernel). The script exits 1
+when a step that ran broke; each step's error is in the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -31,30 +37,39 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 # Sizes: big enough on a GPU that the kernels, not Python, set the pace; small on a CPU.
-SIZES = {"gpu": {"hidden": 1024, "layers": 8, "heads": 16, "vocab": 32000, "rows": 64, "tokens": 1024},
-         "cpu": {"hidden": 128, "layers": 4, "heads": 4, "vocab": 4096, "rows": 16, "tokens": 128}}
+SIZES = {
+    "gpu": {"small": {"hidden": 1024, "layers": 8, "heads": 16, "vocab": 32000, "rows": 64, "tokens": 1024},
+            "large": {"hidden": 4096, "layers": 4, "heads": 32, "vocab": 151936, "rows": 64, "tokens": 2048}},
+    "cpu": {"small": {"hidden": 128, "layers": 4, "heads": 4, "vocab": 4096, "rows": 16, "tokens": 128},
+            "large": {"hidden": 256, "layers": 4, "heads": 4, "vocab": 8192, "rows": 8, "tokens": 256}},
+}
 AUX_LAYERS = [1, 2, 3]
+# (step, the steps it needs, time limit in seconds on a GPU / on a CPU)
+STEPS = [("extract_small", (), 90, 300), ("extract_large", (), 120, 300), ("probe", (), 60, 120),
+         ("train_fused", ("extract_small",), 120, 60), ("train_eager", ("extract_small",), 120, 400),
+         ("speculators_loop", ("extract_small",), 120, 400), ("export", ("train_eager",), 60, 120)]
 
 
 def say(message: str) -> None:
     print(f"gpu_check: {message}", flush=True)
 
 
-def missing(*modules: str) -> list[str]:
-    return [m for m in modules if importlib.util.find_spec(m) is None]
-
-
-def build_target(dest: Path, size: dict) -> Path:
+def build_target(dest: Path, size: dict, device: str) -> Path:
+    """A random-weight Qwen3 of ``size``, initialised on ``device`` (seconds on a GPU even at 2B)."""
     import torch
     import transformers
 
+    if (dest / "config.json").exists():
+        return dest
     config = transformers.Qwen3Config(vocab_size=size["vocab"], hidden_size=size["hidden"],
                                       intermediate_size=4 * size["hidden"], num_hidden_layers=size["layers"],
                                       num_attention_heads=size["heads"], num_key_value_heads=size["heads"] // 4,
                                       head_dim=size["hidden"] // size["heads"], max_position_embeddings=4096,
                                       tie_word_embeddings=False)
     torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(dest)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(dest)
     return dest
 
 
@@ -65,8 +80,25 @@ def make_rows(size: dict) -> list[list[int]]:
     return torch.randint(10, size["vocab"], (size["rows"], size["tokens"]), generator=generator).tolist()
 
 
-def extraction(target: Path, rows: list[list[int]], out: Path, device: str) -> dict:
-    """draftsmith's transformers backend into a shard store, and a bare forward pass of the same rows."""
+def raw_write_s(folder: Path, nbytes: int) -> float:
+    """Seconds to write ``nbytes`` and fsync them, in the folder the store writes to."""
+    chunk = memoryview(os.urandom(64 << 20))
+    started = time.perf_counter()
+    fd = os.open(folder / "raw.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        left = nbytes
+        while left:
+            left -= os.write(fd, chunk[:min(left, len(chunk))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        (folder / "raw.bin").unlink()
+    return time.perf_counter() - started
+
+
+def extract(out: Path, size_name: str, device: str, size: dict | None = None) -> dict:
+    """draftsmith's transformers backend into a shard store, beside a bare forward pass of the same
+    batches and a raw write of the same bytes."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -74,31 +106,55 @@ def extraction(target: Path, rows: list[list[int]], out: Path, device: str) -> d
     from draftsmith.hidden_states import extract as hs
     from draftsmith.hidden_states.store import ShardStore, fingerprint
 
+    size = size or SIZES["cpu" if device == "cpu" else "gpu"][size_name]
+    started = time.perf_counter()
+    target = build_target(out / f"target_{size_name}", size, device)
+    build_s = time.perf_counter() - started
+    rows = make_rows(size)
     dtype = compute.choose("auto").dtype
     tokens = sum(map(len, rows))
-    store = ShardStore(out / "hidden_states", fingerprint({"target": str(target)}, AUX_LAYERS, len(AUX_LAYERS) + 1,
-                                                          "transformers"))
+    store = ShardStore(out / f"hidden_states_{size_name}", fingerprint({"target": size_name}, AUX_LAYERS,
+                                                                        size["layers"], "transformers"))
     started = time.perf_counter()
     with store.writer() as writer:
         hs.extract_transformers(str(target), list(enumerate(rows)), writer, AUX_LAYERS, os.cpu_count() or 1, dtype,
                                 device=device)
     extract_s = time.perf_counter() - started
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    started = time.perf_counter()  # the load the extraction did too: measured here, taken out of its time
     model = AutoModelForCausalLM.from_pretrained(target, dtype=getattr(torch, dtype)).eval().to(device)
+    sync()
+    load_s = time.perf_counter() - started
+    extract_s = max(extract_s - load_s, 1e-9)
     with torch.inference_mode():
-        model.model(input_ids=torch.tensor([rows[0]], device=device))  # warm-up, as extraction's first row is
-        sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+        batches = [torch.tensor([ids for _, ids in batch], device=device)
+                   for batch in hs.batches(list(enumerate(rows)), 8192)]
+        model.model(input_ids=batches[0][:1])  # warm-up
         sync()
         started = time.perf_counter()
-        for ids in rows:
-            model.model(input_ids=torch.tensor([ids], device=device))
+        for ids in batches:
+            model.model(input_ids=ids, output_hidden_states=True)
         sync()
         bare_s = time.perf_counter() - started
-    return {"store": store, "dtype": dtype, "tokens": tokens, "extract_tok_s": tokens / extract_s,
-            "bare_tok_s": tokens / bare_s}
+    stored = store.describe()["bytes"]
+    write_s = raw_write_s(store.folder, stored)
+    result = {"hidden": size["hidden"], "vocab": size["vocab"], "layers": size["layers"], "rows": len(rows),
+              "tokens": tokens, "dtype": dtype, "build_s": round(build_s, 1), "load_s": round(load_s, 1),
+              "stored_bytes": stored,
+              "extract_tok_s": round(tokens / extract_s), "bare_forward_tok_s": round(tokens / bare_s),
+              "raw_write_tok_s": round(tokens / write_s), "raw_write_gb_s": round(stored / write_s / 1e9, 2)}
+    # The goals (issue 37): at least 0.8x the slower of forward and write where they overlap (a GPU), and
+    # 0.8x the two one after the other (a CPU computes the forward and writes on the same cores).
+    result["ratio"] = round(result["extract_tok_s"] / min(result["bare_forward_tok_s"], result["raw_write_tok_s"]), 3)
+    result["ratio_vs_forward_plus_write"] = round((bare_s + write_s) / extract_s, 3)
+    if size_name == "small":
+        result["against_cpu"] = against_cpu(target, rows, store, device)
+        result["data"] = {k: str(v) for k, v in training_data(rows, store, out, size["vocab"]).items()}
+    return result
 
 
 def against_cpu(target: Path, rows: list[list[int]], store, device: str) -> str:
-    """The first rows again on the CPU in fp32: what the GPU stored must be the same states."""
+    """The first rows again on the CPU in fp32: what the device stored must be the same states."""
     import torch
 
     from draftsmith.hidden_states import extract as hs
@@ -163,38 +219,45 @@ if __name__ == "__main__":  # dataloader workers re-import this file
 """
 
 
-def training(target: Path, data: dict, out: Path, processes: int, on_cpu: bool) -> dict:
-    """draftsmith's trainer under torchrun, then speculators' own loop on the same arguments."""
+def with_repo_on_path() -> dict:
+    """The environment for a subprocess: PYTHONPATH kept (the carried wheels are on it), the repo added."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
+def train(out: Path, who: str, loss: str, device: str, processes: int) -> dict:
+    """draftsmith's trainer under torchrun with ``loss``, or speculators' own loop on the same arguments."""
     from draftsmith.core import compute
     from draftsmith.training import train as tr
 
+    on_cpu = device == "cpu"
+    data = json.loads((out / "steps" / "extract_small.json").read_text())["result"]["data"]
     dtype = compute.choose("auto", training=True).dtype
-    walls = {}
-    for who in ("draftsmith", "speculators"):
-        run_dir = out / f"train_{who}"
-        argv = tr.speculators_args(TRAIN_CFG, verifier=str(target), data_dir=data["data_dir"],
-                                   save_dir=run_dir / "checkpoints", d2t=out / "d2t.npy", t2d=out / "t2d.npy",
-                                   aux_layers=AUX_LAYERS, train_ratio=data["ratio"], on_cpu=on_cpu,
-                                   log_dir=run_dir / "logs", num_workers=1, hidden_states_backend="draftsmith",
-                                   dtype=dtype)
-        started = time.perf_counter()
-        if who == "draftsmith":
-            validation = tr.train_under_torchrun(processes, run_dir / "validation.jsonl", argv, os.cpu_count() or 1)
-        else:
-            loop = out / "speculators_loop.py"
-            loop.write_text(SPECULATORS_LOOP)
-            argv = [a for a in argv if a != tr.TRAIN_LM_HEAD]  # draftsmith's flag, not speculators'
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={processes}", str(loop), *argv], check=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
-        walls[who] = time.perf_counter() - started
-    checkpoint, _ = tr.choose_checkpoint(out / "train_draftsmith" / "checkpoints", validation)
-    tokens = TRAIN_CFG["epochs"] * data["trained_tokens"]
-    return {"dtype": dtype, "validation": validation, "checkpoint": checkpoint,
-            "tok_s": tokens / walls["draftsmith"], "speculators_tok_s": tokens / walls["speculators"]}
+    run_dir = out / f"train_{who}"
+    argv = tr.speculators_args(TRAIN_CFG, verifier=str(out / "target_small"), data_dir=Path(data["data_dir"]),
+                               save_dir=run_dir / "checkpoints", d2t=out / "d2t.npy", t2d=out / "t2d.npy",
+                               aux_layers=AUX_LAYERS, train_ratio=float(data["ratio"]), on_cpu=on_cpu,
+                               log_dir=run_dir / "logs", num_workers=1, hidden_states_backend="draftsmith",
+                               dtype=dtype, loss_implementation=loss, compile_=not on_cpu)
+    started = time.perf_counter()
+    result: dict = {"dtype": dtype, "loss": loss, "compiled": not on_cpu, "processes": processes}
+    if who == "speculators":
+        loop = out / "speculators_loop.py"
+        loop.write_text(SPECULATORS_LOOP)
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={processes}", str(loop), *[a for a in argv if a not in tr.OWN_FLAGS]],
+                       check=True, env=with_repo_on_path())
+    else:
+        validation = tr.train_under_torchrun(processes, run_dir / "validation.jsonl", argv, os.cpu_count() or 1)
+        result["phases"] = json.loads(tr.phases_file(run_dir / "validation.jsonl").read_text())
+        result["full_acc_0"] = [round(e.get("full_acc_0_epoch", float("nan")), 4) for e in validation]
+        result["checkpoint"] = str(tr.choose_checkpoint(run_dir / "checkpoints", validation)[0])
+    wall = time.perf_counter() - started
+    result["wall_s"] = round(wall, 1)
+    result["tok_s"] = round(TRAIN_CFG["epochs"] * int(data["trained_tokens"]) / wall)
+    return result
 
 
-def export(checkpoint: Path, target: Path, out: Path) -> str:
+def export(out: Path) -> dict:
     """The export vLLM reads, loaded back; and whether the draft LM head left the verifier's rows it
     started from (train_lm_head)."""
     import numpy as np
@@ -204,16 +267,58 @@ def export(checkpoint: Path, target: Path, out: Path) -> str:
 
     from draftsmith.training.export import export_vllm
 
+    checkpoint = Path(json.loads((out / "steps" / "train_eager.json").read_text())["result"]["checkpoint"])
+    target = out / "target_small"
     drafter = out / "drafter"
     drafter.mkdir(exist_ok=True)
+    started = time.perf_counter()
     export_vllm(checkpoint, drafter / "model.safetensors", drafter / "config.json", verifier_ref=str(target))
     model = Eagle3DraftModel.from_pretrained(str(drafter))
     d2t = torch.from_numpy(np.load(out / "d2t.npy"))
     start = load_file(str(target / "model.safetensors"))["lm_head.weight"][torch.arange(len(d2t)) + d2t]
     trained = load_file(str(drafter / "model.safetensors"))["lm_head.weight"]
-    moved = (trained.float() - start.float()).abs().max().item()
-    return (f"loads ({sum(p.numel() for p in model.parameters()):,} parameters, fc {tuple(model.fc.weight.shape)}); "
-            f"draft LM head moved by up to {moved:.2e} from the verifier's rows it started from")
+    return {"export_s": round(time.perf_counter() - started, 1),
+            "parameters": sum(p.numel() for p in model.parameters()), "fc": list(model.fc.weight.shape),
+            "head_moved": (trained.float() - start.float()).abs().max().item()}
+
+
+def run_step(step: str, out: Path, device: str, processes: int) -> dict:
+    if step.startswith("extract_"):
+        return extract(out, step.removeprefix("extract_"), device)
+    if step == "probe":
+        from draftsmith.training import probe
+
+        started = time.perf_counter()
+        return {**probe.choose("auto", "auto", TRAIN_CFG["loss_fn"], device).as_dict(),
+                "seconds": round(time.perf_counter() - started, 1)}
+    if step == "train_fused":
+        if device == "cpu":
+            raise NotImplementedError("not run on a CPU: the fused loss is a Triton GPU kernel")
+        return train(out, "fused", "fused", device, processes)
+    if step == "train_eager":
+        return train(out, "eager", "eager", device, processes)
+    if step == "speculators_loop":
+        return train(out, "speculators", "eager", device, processes)
+    return export(out)
+
+
+def step_main(step: str, out: Path, device: str, processes: int) -> int:
+    """One step in this process: its result, or its error, in ``steps/<step>.json``."""
+    from draftsmith.core.atomic import write_json
+
+    started = time.perf_counter()
+    try:
+        record = {"ok": True, "result": run_step(step, out, device, processes)}
+    except NotImplementedError as err:
+        record = {"ok": None, "not_run": str(err)}
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        record = {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    write_json(out / "steps" / f"{step}.json", record)
+    return 0 if record["ok"] is not False else 1
 
 
 def main() -> int:
@@ -221,62 +326,86 @@ def main() -> int:
     parser.add_argument("--cpu", action="store_true", help="run every step on the CPU (what CI runs)")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a new temporary one)")
     parser.add_argument("--processes", type=int, default=None, help="training ranks (default: 1 per GPU, 2 on a CPU)")
+    parser.add_argument("--step", choices=[name for name, *_ in STEPS], help=argparse.SUPPRESS)
     args = parser.parse_args()
     import tempfile
 
     import torch
 
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu_check."))
-    out.mkdir(parents=True, exist_ok=True)
-    has_cuda = torch.cuda.is_available()
-    if not args.cpu and not has_cuda:
+    (out / "steps").mkdir(parents=True, exist_ok=True)
+    if not args.cpu and not torch.cuda.is_available():
         say("no CUDA device here; run with --cpu for the same steps on the CPU")
         return 3
     device = "cpu" if args.cpu else "cuda"
+    processes = args.processes or (2 if args.cpu else torch.cuda.device_count())
+    if args.step:
+        return step_main(args.step, out, device, processes)
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # every process of the check, torchrun's ranks included
     from draftsmith.ops import devices
 
-    say(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
-        f"device {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}, "
-        f"NVIDIA driver {devices.driver_version() or 'none'}, work folder {out}")
-    size = SIZES["cpu" if args.cpu else "gpu"]
-    target = build_target(out / "target", size)
-    rows = make_rows(size)
-    say(f"tiny Qwen3 target: {size['layers']} layers, hidden {size['hidden']}, vocab {size['vocab']}; "
-        f"{len(rows)} rows x {size['tokens']} tokens")
-
-    ext = extraction(target, rows, out, device)
-    say(f"hidden states ({ext['dtype']}, transformers backend on {device}): {ext['extract_tok_s']:,.0f} tok/s; "
-        f"bare forward pass {ext['bare_tok_s']:,.0f} tok/s; ratio {ext['extract_tok_s'] / ext['bare_tok_s']:.2f}x")
-    say(f"hidden states against the CPU's: {against_cpu(target, rows, ext['store'], device)}")
-
-    not_run = []
-    lacking = missing("speculators", "datasets", "pyarrow", "pydantic")
-    if lacking:
-        not_run.append(f"training and export: {', '.join(lacking)} not importable here (carry them as wheels; "
-                       "compiled ones cannot be carried to the bare GPU machine)")
-    else:
-        data = training_data(rows, ext["store"], out, size["vocab"])
-        processes = args.processes or (2 if args.cpu else torch.cuda.device_count())
-        result = training(target, data, out, processes, on_cpu=args.cpu)
-        backend = "gloo" if args.cpu else "NCCL"
-        say(f"training ({result['dtype']}, {processes} {backend} rank(s) under torchrun, draft LM head trained): "
-            f"{result['tok_s']:,.0f} tok/s; speculators' own loop {result['speculators_tok_s']:,.0f} tok/s; ratio "
-            f"{result['tok_s'] / result['speculators_tok_s']:.2f}x (wall, process start included)")
-        for epoch in result["validation"]:
-            say(f"  epoch {epoch['epoch'] + 1}: full_acc_0 {epoch.get('full_acc_0_epoch', float('nan')):.3f}")
-        say(f"export: {export(result['checkpoint'], target, out)}")
+    report: dict = {"python": sys.version.split()[0], "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                    "driver": devices.driver_version(), "packages": versions(), "steps": {}}
+    say(f"python {report['python']}, torch {report['torch']}, device {report['device']}, NVIDIA driver "
+        f"{report['driver'] or 'none'}, work folder {out}")
+    for step, needs, gpu_limit, cpu_limit in STEPS:
+        failed = [n for n in needs if not report["steps"].get(n, {}).get("ok")]
+        if failed:
+            report["steps"][step] = {"ok": None, "not_run": f"needs {', '.join(failed)}"}
+        else:
+            report["steps"][step] = run_isolated(step, out, args.cpu, processes, cpu_limit if args.cpu else gpu_limit)
+        say(f"{step}: {summary(report['steps'][step])}")
     try:
         import vllm  # noqa: F401
     except ImportError as err:
-        not_run.append(f"vLLM's steps (generation, vLLM hidden states, the export gate, evaluation): {err}. On a "
-                       "CPU they run in the e2e tests; on GPUs they need a machine with vLLM's CUDA wheels")
-    for item in not_run:
-        say(f"not run here: {item}")
-    (out / "gpu_check.json").write_text(json.dumps({"device": device, "not_run": not_run}, indent=1))
-    say("done")
-    return 0
+        report["not_run"] = (f"vLLM's steps (generation, vLLM hidden states, the export gate, evaluation): {err}. "
+                             "On a CPU they run in the e2e tests; on GPUs they need a machine with vLLM's CUDA wheels")
+        say(f"not run here: {report['not_run']}")
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    say(f"done: {out / 'gpu_check.json'}")
+    return 1 if any(r["ok"] is False for r in report["steps"].values()) else 0
+
+
+def run_isolated(step: str, out: Path, cpu: bool, processes: int, limit_s: int) -> dict:
+    """``step`` in a process of its own, ended at ``limit_s`` (its children too)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--step", step, "--out", str(out),
+               f"--processes={processes}", *(["--cpu"] if cpu else [])]
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, env=with_repo_on_path(), start_new_session=True)
+    try:
+        proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        return {"ok": False, "error": f"no result within its limit of {limit_s} s", "seconds": limit_s}
+    record_file = out / "steps" / f"{step}.json"
+    if not record_file.exists():
+        return {"ok": False, "error": f"exited with code {proc.returncode} and no result",
+                "seconds": round(time.perf_counter() - started, 1)}
+    return json.loads(record_file.read_text())
+
+
+def summary(record: dict) -> str:
+    if record["ok"] is None:
+        return f"not run ({record['not_run']})"
+    if not record["ok"]:
+        return f"FAILED after {record.get('seconds', 0):.0f} s: {record['error'][:300]}"
+    shown = {k: v for k, v in record["result"].items() if k not in ("data", "checkpoint")}
+    return f"ok in {record['seconds']:.0f} s: {json.dumps(shown)}"
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("transformers", "speculators", "triton", "safetensors", "xxhash", "datasets"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 if __name__ == "__main__":
