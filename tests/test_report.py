@@ -27,6 +27,11 @@ VOCAB = {"source": "pretrained drafter org/drafter", "draft_vocab_size": 2048, "
 TRAINING = {"rows": 12, "run_key": "abc", "on_cpu": True, "chosen": {"epoch": 0, "reason": "best simulated τ 1.150"},
             "hidden_states": {"mode": "online", "layout": None, "aux_layers": [2, 15, 27]},
             "warm_start": {"source": "org/drafter", "layout": "eagle3"},
+            "trainer": {"loss_implementation": "eager", "compile": True,
+                        "reason": "torch.compile works (12 s); the fused loss failed its probe compiled: "
+                                  "AssertionError: ListVariable, so eager (3 s)"},
+            "phases": {"launch_s": 31.5, "build_s": 4.0, "first_step_s": 24.2, "compile_s": 18.0,
+                       "first_validation_s": 21.0, "done_s": 80.0, "exit_s": 0.4, "steps_per_s": 5.0},
             "validation": [{"epoch": 0, "loss_epoch": 9.1, "full_acc_0_epoch": 0.15, "full_acc_1_epoch": 0.0,
                             "simulated_tau": 1.15, "train_s": 90.0},
                            {"epoch": 1, "loss_epoch": 7.2, "full_acc_0_epoch": 0.1, "full_acc_1_epoch": 0.01,
@@ -48,6 +53,9 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.5 min | ✔ |" in text
     assert "| 2 | 7.200 | 0.100 | 0.010 | 1.110 | – |  |" in text
     assert "**Exported: epoch 1** (best simulated τ 1.150)" in text and "Export gate: passed" in text
+    assert "Loss computed **eager**, forward compiled (torch.compile works (12 s); the fused loss failed" in text
+    assert "| first step | 24.2 |" in text and "| of which compiling | 18.0 |" in text
+    assert "| steady pace | 5.00 steps/s |" in text and "| processes exited after | 0.4 |" in text
     assert "Vocabulary mapping: pretrained drafter org/drafter" in text and "98.7%" in text
     assert "hidden states **online**" in text and "Warm start from `org/drafter`" in text
     assert "![acceptance and throughput](acc.png)" in text and "(train.png)" in text
@@ -105,3 +113,4 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
     assert "no SGLang export was written (not exported: norm_before_residual=true)" in text
     assert "| everyday | 3 | 0 | 1.234 | 0.20, 0.03, 0.00 |" in text and "| everyday | 3 | 1 | 1.200 |" in text
     assert "Config digest: `0123abcd`" in text and "Exported epoch 1" in text
+    assert "Loss computed **eager**, forward compiled: torch.compile works" in text  # and why

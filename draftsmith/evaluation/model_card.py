@@ -106,9 +106,19 @@ def recipe(inputs: CardInputs) -> list[str]:
             f"draft LM head {head}; target layers {tr['hidden_states']['aux_layers']}"
             f"{stored}; "
             + ("warm start from `" + tr["warm_start"]["source"] + "`" if tr.get("warm_start") else "from scratch")
-            + f". Exported epoch {epoch + 1 if epoch is not None else '–'} ({chosen.get('reason', '–')}).",
+            + f". Exported epoch {epoch + 1 if epoch is not None else '–'} ({chosen.get('reason', '–')})."
+            + _trainer(tr.get("trainer")),
             "", f"Config digest: `{inputs.config_digest}` (what the results depend on; operational settings "
             "excluded)."]
+
+
+def _trainer(choice: dict | None) -> str:
+    """How the loss was computed and whether the forward was compiled, and why (runs from before
+    the choice existed say nothing)."""
+    if not choice:
+        return ""
+    return (f" Loss computed **{choice['loss_implementation']}**, forward "
+            f"{'compiled' if choice['compile'] else 'not compiled'}: {choice['reason']}.")
 
 
 def card(inputs: CardInputs) -> str:

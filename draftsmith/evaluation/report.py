@@ -150,6 +150,7 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
              f"Vocabulary mapping: {vocab['source']}; draft vocabulary {vocab['draft_vocab_size']} of "
              f"{vocab['target_vocab_size']}, covering {vocab['coverage']:.1%} of the supervised training tokens "
              f"(d2t sha256 `{vocab['d2t_sha256'][:12]}…`).", "",
+             *_trainer(training), "",
              f"**Exported: epoch {_fmt(exported, 'd')}** "
              f"({chosen.get('reason', '–')}). Export gate: {'passed' if gate.get('passed') else 'FAILED'}, "
              f"{gate.get('verdict', '–')}.", "",
@@ -166,6 +167,26 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
         lines.append(f"| {e['epoch'] + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
                      + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps)
                      + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {_minutes(e.get('train_s'))} | {mark} |")
+    return lines
+
+
+PHASES = [("launch_s", "launch"), ("build_s", "model and data built"), ("first_step_s", "first step"),
+          ("compile_s", "of which compiling"), ("first_validation_s", "first validation"),
+          ("done_s", "work done"), ("exit_s", "processes exited after")]
+
+
+def _trainer(training: dict) -> list[str]:
+    """The loss implementation and compilation chosen, and where the training job's time went."""
+    choice, phases = training.get("trainer"), training.get("phases") or {}
+    if not choice:  # a run from before the choice was recorded
+        return []
+    lines = [f"Loss computed **{choice['loss_implementation']}**, forward "
+             f"{'compiled' if choice['compile'] else 'not compiled'} ({choice['reason']}).", "",
+             "Where the training job's time went (seconds from the trainer's start; one-time costs apart from "
+             "the steady pace):", "", "| phase | seconds |", "|---|---:|"]
+    lines += [f"| {name} | {phases[key]:.1f} |" for key, name in PHASES if phases.get(key) is not None]
+    if phases.get("steps_per_s"):
+        lines.append(f"| steady pace | {phases['steps_per_s']:.2f} steps/s |")
     return lines
 
 
