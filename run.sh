@@ -9,21 +9,27 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 envs/setup.sh
-# Snakemake's --configfile takes every value up to the next flag: a target after it (a result, or
-# no file at all) would be read as a config file and fail with a traceback.
+# Snakemake's --configfile takes every value up to the next flag: a target after it (a result) would be
+# read as a config file and fail with a traceback. Targets there are moved before it, the order
+# Snakemake needs; a value after it that is no file is refused.
 after_configfile=0
+targets=()
+rest=()
 for arg in "$@"; do
   case $arg in
     --configfile | --configfiles) after_configfile=1 ;;
     -*) after_configfile=0 ;;
-    *) if ((after_configfile)) && [[ $arg == results/* || ! -f $arg ]]; then
-      echo "draftsmith: '$arg' follows --configfile but is no config file: either it is missing, or it is" \
-        "a target, which --configfile (it takes every value up to the next flag) would read as a config file." \
-        "Put targets first: ./run.sh $arg --configfile FILE" >&2
+    *) if ((after_configfile)) && [[ $arg == results/* ]]; then
+      targets+=("$arg")
+      continue
+    elif ((after_configfile)) && [[ ! -f $arg ]]; then
+      echo "draftsmith: '$arg' follows --configfile but is no config file (and no target under results/)" >&2
       exit 2
     fi ;;
   esac
+  rest+=("$arg")
 done
+set -- "${targets[@]}" "${rest[@]}"
 case ${1:-} in
   redo | status) module=draftsmith.ops.$1 ;;
   config) module=draftsmith.config.load ;;

@@ -77,13 +77,13 @@ def test_a_command_the_docs_show_runs(argv, project):
     assert proc.returncode == 0, f"{argv}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
-def test_a_target_after_configfile_is_refused_with_the_fix(project):
-    """The README once showed ``./run.sh --configfile my.yaml results/plan.md``: Snakemake read the
-    target as a second config file and failed with a traceback."""
-    proc = subprocess.run(["./run.sh", "--configfile", "my.yaml", "results/plan.md"], cwd=project, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "Put targets first: ./run.sh results/plan.md --configfile FILE" in proc.stderr
+def test_a_target_after_configfile_is_moved_before_it(project):
+    """``./run.sh --configfile my.yaml results/plan.md`` is the order people type: Snakemake read the
+    target as a second config file and failed with a traceback; run.sh knows targets and moves them."""
+    proc = subprocess.run(["./run.sh", "--configfile", "my.yaml", "results/plan.md", "-n"], cwd=project,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "rule plan:" in proc.stdout + proc.stderr and "rule train:" not in proc.stdout + proc.stderr
     typo = subprocess.run(["./run.sh", "config", "--configfile", "my.yml"], cwd=project, capture_output=True,
                           text=True, timeout=120)
     assert typo.returncode == 2 and "'my.yml' follows --configfile but is no config file" in typo.stderr
