@@ -54,7 +54,10 @@ TO_RUN = sorted({tuple(as_run_here(c, DEFAULT_DATASET)) for c in shown_commands(
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A checkout elsewhere, sharing this one's set-up .venv (envs/setup.sh finds it up to date)."""
+    """A checkout elsewhere, sharing this one's set-up .venv. This checkout's set-up runs first: were the
+    venv out of date, the copy's run.sh would reinstall draftsmith editable from the copy, which is
+    deleted after the tests (every later vLLM process then failed to import draftsmith's plugin)."""
+    subprocess.run([str(REPO / "envs" / "setup.sh")], check=True, timeout=1800)
     copy = tmp_path_factory.mktemp("checkout")
     for name in ("Snakefile", "run.sh", "pyproject.toml", "rules", "scripts", "config", "report", "envs", "profiles",
                  "draftsmith"):
