@@ -246,6 +246,10 @@ ONLINE_ON_ONE_NODE = {"server": {"gpus": 8}, "train": {"gpus": 1}, "hidden_state
                                     r"would run on the CPU"),
     ({"server": {"gpus": 16}, "train": {"gpus": 1}, "cluster": {"gpus_per_node": 8}}, None,
      r"server jobs \(server.gpus\) ask 16 GPUs and a node has 8"),
+    ({"train": {"loss_implementation": "fused"}}, None,
+     r"train.loss_implementation: fused need the trainer on a CUDA GPU .* train.gpus is 0"),
+    ({"train": {"compile": True}}, None, r"train.compile: on need the trainer on a CUDA GPU"),  # YAML's `on`
+    ({"train": {"compile": "on", "gpus": 1}}, None, None),
 ])
 def test_gpu_counts_a_node_cannot_hold_are_refused_before_work(overrides, node, expected, tmp_path, monkeypatch):
     from draftsmith.ops import devices

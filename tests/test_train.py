@@ -438,7 +438,7 @@ def test_the_fused_loss_falls_back_to_eager_when_its_probe_fails(caplog):
         choice.reason and "so eager" in choice.reason
     assert "fused loss failed its probe" in caplog.text
     assert probe.probe("kl_div", "eager", False, "cpu") is None  # the probe itself works where it can
-    fixed = probe.choose("eager", "off", "kl_div", "cuda")  # set in the config: no probe
+    fixed = probe.choose("eager", False, "kl_div", "cuda")  # set in the config (YAML's `off`): no probe
     assert (fixed.loss_implementation, fixed.compile) == ("eager", False) and "set in the config" in fixed.reason
     on_cpu = probe.choose("auto", "auto", "kl_div", "cpu")
     assert (on_cpu.loss_implementation, on_cpu.compile) == ("eager", False) and "no CUDA device" in on_cpu.reason

@@ -124,9 +124,14 @@ def _gpus(config: dict) -> list[str]:
     servers, a driver older than the GPU stack. Node size and driver are this machine's (nvidia-smi)
     unless ``cluster.gpus_per_node`` says (a login node without GPUs tells nothing)."""
     server, train = config["server"]["gpus"], config["train"]["gpus"]
-    if not server and not train:
-        return []
     found = []
+    forced = [f"train.{key}: {value}" for key, value in (("loss_implementation", "fused"), ("compile", "on"))
+              if config["train"][key] in (value, value == "on")]  # YAML reads an unquoted on as true
+    if forced and not train:
+        found.append(f"{' and '.join(forced)} need the trainer on a CUDA GPU (Triton kernels; speculators compiles "
+                     "only there) and train.gpus is 0: set train.gpus, or leave them auto")
+    if not server and not train:
+        return found
     online = config["hidden_states"]["mode"] == "online"
     if server and not train:
         found.append(f"train.gpus is 0 while the target is served on server.gpus ({server}): training would run on "

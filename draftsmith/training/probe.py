@@ -75,12 +75,13 @@ def probe(loss_fn: str, implementation: str, compile_: bool, device: str,
     return lines[-1] if lines else f"exit code {proc.returncode}"
 
 
-def choose(loss_setting: str, compile_setting: str, loss_fn: str, device: str) -> Choice:
+def choose(loss_setting: str, compile_setting: str | bool, loss_fn: str, device: str) -> Choice:
     """The trainer's loss implementation and compilation, from the config's settings (``auto``,
     ``fused``/``eager``, ``on``/``off``) and, for ``auto``, the probes on ``device``.
 
     speculators compiles only on CUDA and its fused losses are Triton GPU kernels: without an
     accelerator both ``auto`` settings resolve to eager, uncompiled, with no probe."""
+    compile_setting = {True: "on", False: "off"}.get(compile_setting, compile_setting)  # YAML's unquoted on/off
     on_gpu = device.startswith("cuda")
     if not on_gpu:
         if loss_setting == "fused" or compile_setting == "on":
