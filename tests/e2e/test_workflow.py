@@ -124,7 +124,7 @@ def test_vllm_and_transformers_hidden_states_agree(workdir, tmp_path):
     ids = pq.read_table(workdir / "results" / "tokenized" / "everyday.parquet").column("input_ids")[0].as_py()
     folder = workdir / "results" / "hidden_states" / "everyday"
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["layout"] == "shards" and manifest["files"] > 1 and len(manifest["shards"][0]["sha256"]) == 64
+    assert manifest["layout"] == "shards" and manifest["files"] > 1 and len(manifest["shards"][0]["xxh3_128"]) == 32
     check = open_store(tmp_path / "hs", "check", "per_row")
     with check.writer() as writer:
         extract_transformers(str(workdir / "results" / "models" / "smollm2-135m-instruct"), [(0, ids)], writer,
