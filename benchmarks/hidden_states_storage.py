@@ -6,7 +6,7 @@ On states shaped like a target's (normal values with a few outlier channels, as 
 carry), through draftsmith's own shard writer and the trainer's reader (ShardTransfer):
 
 - bytes per token, fp8 / bf16 (issue 27's goal: at most 0.52x);
-- the writer's throughput (what extraction adds to the forward pass: encode, pack, sha256, fsync),
+- the writer's throughput (what extraction adds to the forward pass: encode, stream, xxh3-128, fsync),
   fp8 / bf16;
 - the trainer's read throughput (safetensors read, dequantization), fp8 / bf16;
 - how far zlib (stdlib; zstd is not installed here) shrinks each shard, and how fast it inflates:
