@@ -51,7 +51,7 @@ def test_the_gpu_check_runs_its_steps_on_a_cpu_without_vllm(tmp_path):
     assert "not installed on this machine" in report["not_run"] and "Traceback" not in out
     seen = [(extra / "seen" / pid).read_text() for pid in os.listdir(extra / "seen")]
     for expected in ("--step extract_small", "--step speculators_loop", "speculators_loop.py",
-                     "draftsmith.training.train", "draftsmith.training.probe"):
+                     "draftsmith.training.train"):  # torchrun's ranks; on a CPU no probe process starts
         assert any(expected in argv for argv in seen), f"no process with {expected!r} kept PYTHONPATH"
 
 
