@@ -83,8 +83,8 @@ def test_a_command_the_docs_show_runs(argv, project):
 def test_a_target_after_configfile_is_moved_before_it(project):
     """``./run.sh --configfile my.yaml results/plan.md`` is the order people type: Snakemake read the
     target as a second config file and failed with a traceback; run.sh knows targets and moves them."""
-    proc = subprocess.run(["./run.sh", "--configfile", "my.yaml", "results/plan.md", "-n"], cwd=project,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["./run.sh", "--configfile", "my.yaml", "results/plan.md", "-n", "--forcerun",
+                           "results/plan.md"], cwd=project, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "rule plan:" in proc.stdout + proc.stderr and "rule train:" not in proc.stdout + proc.stderr
     typo = subprocess.run(["./run.sh", "config", "--configfile", "my.yml"], cwd=project, capture_output=True,
