@@ -47,7 +47,8 @@ AUX_LAYERS = [1, 2, 3]
 # (step, the steps it needs, time limit in seconds on a GPU / on a CPU)
 STEPS = [("extract_small", (), 90, 300), ("extract_large", (), 120, 300), ("probe", (), 60, 120),
          ("train_fused", ("extract_small",), 120, 60), ("train_eager", ("extract_small",), 120, 400),
-         ("speculators_loop", ("extract_small",), 120, 400), ("export", ("train_eager",), 60, 120)]
+         ("speculators_loop", ("extract_small",), 120, 400), ("export", (), 60, 120)]
+TRAINED_BY = {"train_eager": "train_eager", "train_fused": "train_fused", "speculators_loop": "train_speculators"}
 
 
 def say(message: str) -> None:
@@ -224,7 +225,7 @@ def with_repo_on_path() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
-def train(out: Path, who: str, loss: str, device: str, processes: int) -> dict:
+def train(out: Path, step: str, loss: str, device: str, processes: int) -> dict:
     """draftsmith's trainer under torchrun with ``loss``, or speculators' own loop on the same arguments."""
     from draftsmith.core import compute
     from draftsmith.training import train as tr
@@ -232,7 +233,7 @@ def train(out: Path, who: str, loss: str, device: str, processes: int) -> dict:
     on_cpu = device == "cpu"
     data = json.loads((out / "steps" / "extract_small.json").read_text())["result"]["data"]
     dtype = compute.choose("auto", training=True).dtype
-    run_dir = out / f"train_{who}"
+    run_dir = out / TRAINED_BY[step]
     argv = tr.speculators_args(TRAIN_CFG, verifier=str(out / "target_small"), data_dir=Path(data["data_dir"]),
                                save_dir=run_dir / "checkpoints", d2t=out / "d2t.npy", t2d=out / "t2d.npy",
                                aux_layers=AUX_LAYERS, train_ratio=float(data["ratio"]), on_cpu=on_cpu,
@@ -240,7 +241,7 @@ def train(out: Path, who: str, loss: str, device: str, processes: int) -> dict:
                                dtype=dtype, loss_implementation=loss, compile_=not on_cpu)
     started = time.perf_counter()
     result: dict = {"dtype": dtype, "loss": loss, "compiled": not on_cpu, "processes": processes}
-    if who == "speculators":
+    if step == "speculators_loop":
         loop = out / "speculators_loop.py"
         loop.write_text(SPECULATORS_LOOP)
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -267,7 +268,12 @@ def export(out: Path) -> dict:
 
     from draftsmith.training.export import export_vllm
 
-    checkpoint = Path(json.loads((out / "steps" / "train_eager.json").read_text())["result"]["checkpoint"])
+    trained = [json.loads(f.read_text()) for f in (out / "steps" / "train_eager.json", out / "steps" /
+                                                    "train_fused.json") if f.exists()]
+    finished = [r["result"]["checkpoint"] for r in trained if r.get("ok")]
+    if not finished:
+        raise NotImplementedError("no training step finished")
+    checkpoint = Path(finished[0])
     target = out / "target_small"
     drafter = out / "drafter"
     drafter.mkdir(exist_ok=True)
@@ -294,11 +300,11 @@ def run_step(step: str, out: Path, device: str, processes: int) -> dict:
     if step == "train_fused":
         if device == "cpu":
             raise NotImplementedError("not run on a CPU: the fused loss is a Triton GPU kernel")
-        return train(out, "fused", "fused", device, processes)
+        return train(out, step, "fused", device, processes)
     if step == "train_eager":
-        return train(out, "eager", "eager", device, processes)
+        return train(out, step, "eager", device, processes)
     if step == "speculators_loop":
-        return train(out, "speculators", "eager", device, processes)
+        return train(out, step, "eager", device, processes)
     return export(out)
 
 
@@ -379,7 +385,9 @@ def run_isolated(step: str, out: Path, cpu: bool, processes: int, limit_s: int) 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.wait()
-        return {"ok": False, "error": f"no result within its limit of {limit_s} s", "seconds": limit_s}
+        phases = out / TRAINED_BY.get(step, step) / "phases.json"  # where a stalled trainer had got to
+        return {"ok": False, "error": f"no result within its limit of {limit_s} s", "seconds": limit_s,
+                **({"phases": json.loads(phases.read_text())} if phases.exists() else {})}
     record_file = out / "steps" / f"{step}.json"
     if not record_file.exists():
         return {"ok": False, "error": f"exited with code {proc.returncode} and no result",

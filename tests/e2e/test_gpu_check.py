@@ -59,3 +59,17 @@ def test_the_gpu_check_without_cuda_says_so():
     proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 3 and "no CUDA device here; run with --cpu" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_step_past_its_limit_is_ended_and_says_where_the_trainer_was(tmp_path):
+    """On the H200 a training run went silent for minutes: the step is ended at its limit (its children
+    too) and the record keeps the phases the trainer had logged, the next steps still run."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "train_eager").mkdir()
+    (tmp_path / "train_eager" / "phases.json").write_text('{"launch_s": 30.0, "build_s": 2.0}')
+    record = gpu_check.run_isolated("train_eager", tmp_path, cpu=True, processes=1, limit_s=1)
+    assert record["ok"] is False and "no result within its limit of 1 s" in record["error"]
+    assert record["phases"] == {"launch_s": 30.0, "build_s": 2.0}
