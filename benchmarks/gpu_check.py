@@ -295,7 +295,8 @@ def run_step(step: str, out: Path, device: str, processes: int) -> dict:
         from draftsmith.training import probe
 
         started = time.perf_counter()
-        return {**probe.choose("auto", "auto", TRAIN_CFG["loss_fn"], device).as_dict(),
+        return {**probe.choose({"loss_implementation": "auto", "compile": "auto"}, TRAIN_CFG["loss_fn"],
+                               device).as_dict(),
                 "seconds": round(time.perf_counter() - started, 1)}
     if step == "train_fused":
         if device == "cpu":

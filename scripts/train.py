@@ -70,7 +70,7 @@ def main() -> None:
                                    for i in keep])
     on_cpu = patches.adapt_for_cpu()
     dtype = compute.choose(ops["dtype"], training=True)
-    trainer = probe.choose(ops["loss_implementation"], ops["compile"], cfg["loss_fn"], compute.device())
+    trainer = probe.choose(ops, cfg["loss_fn"], compute.device())
     rows = len(keep)
     n_train = sum(table[i]["split"] == TRAIN for i in keep)
     server = spec_from_config(tgt, sm.config["server"], **hs.vllm_server_configs(

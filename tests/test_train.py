@@ -423,6 +423,9 @@ def test_a_trained_head_stays_the_same_on_every_rank(tmp_path):
     assert torch.equal(head0, head1)
 
 
+AUTO = {"loss_implementation": "auto", "compile": "auto"}
+
+
 def test_the_fused_loss_falls_back_to_eager_when_its_probe_fails(caplog):
     """On the lent H200 the fused loss broke torch 2.11's dynamo in the first step (issue 37). Here the
     probes are asked to run on CUDA, which this CPU machine lacks, so they fail for real: ``auto``
@@ -432,18 +435,18 @@ def test_the_fused_loss_falls_back_to_eager_when_its_probe_fails(caplog):
     from draftsmith.training import probe
 
     with caplog.at_level(logging.WARNING, logger="draftsmith.training.probe"):
-        choice = probe.choose("auto", "auto", "kl_div", "cuda")
+        choice = probe.choose(AUTO, "kl_div", "cuda")
     assert (choice.loss_implementation, choice.compile) == ("eager", False)
     assert "torch.compile failed its probe" in choice.reason and "the fused loss failed its probe uncompiled" in \
         choice.reason and "so eager" in choice.reason
     assert "fused loss failed its probe" in caplog.text
     assert probe.probe("kl_div", "eager", False, "cpu") is None  # the probe itself works where it can
-    fixed = probe.choose("eager", False, "kl_div", "cuda")  # set in the config (YAML's `off`): no probe
+    fixed = probe.choose({"loss_implementation": "eager", "compile": False}, "kl_div", "cuda")  # YAML's `off`
     assert (fixed.loss_implementation, fixed.compile) == ("eager", False) and "set in the config" in fixed.reason
-    on_cpu = probe.choose("auto", "auto", "kl_div", "cpu")
+    on_cpu = probe.choose(AUTO, "kl_div", "cpu")
     assert (on_cpu.loss_implementation, on_cpu.compile) == ("eager", False) and "no CUDA device" in on_cpu.reason
-    with pytest.raises(ValueError, match="need a CUDA GPU"):
-        probe.choose("fused", "auto", "kl_div", "cpu")
+    with pytest.raises(ValueError, match=r"train\.loss_implementation: fused need a CUDA GPU"):
+        probe.choose({**AUTO, "loss_implementation": "fused"}, "kl_div", "cpu")
 
 
 def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypatch, caplog):

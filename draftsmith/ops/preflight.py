@@ -14,6 +14,7 @@ from pathlib import Path
 from draftsmith.config.layers import aux_layer_problem, default_aux_layers
 from draftsmith.config.target import Facts, Target
 from draftsmith.ops import devices
+from draftsmith.training import probe
 
 
 class PreflightError(ValueError):
@@ -125,8 +126,7 @@ def _gpus(config: dict) -> list[str]:
     unless ``cluster.gpus_per_node`` says (a login node without GPUs tells nothing)."""
     server, train = config["server"]["gpus"], config["train"]["gpus"]
     found = []
-    forced = [f"train.{key}: {value}" for key, value in (("loss_implementation", "fused"), ("compile", "on"))
-              if config["train"][key] in (value, value == "on")]  # YAML reads an unquoted on as true
+    forced = probe.forced_on_gpu(config["train"])
     if forced and not train:
         found.append(f"{' and '.join(forced)} need the trainer on a CUDA GPU (Triton kernels; speculators compiles "
                      "only there) and train.gpus is 0: set train.gpus, or leave them auto")

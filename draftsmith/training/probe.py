@@ -75,30 +75,42 @@ def probe(loss_fn: str, implementation: str, compile_: bool, device: str,
     return lines[-1] if lines else f"exit code {proc.returncode}"
 
 
-def choose(loss_setting: str, compile_setting: str | bool, loss_fn: str, device: str) -> Choice:
-    """The trainer's loss implementation and compilation, from the config's settings (``auto``,
-    ``fused``/``eager``, ``on``/``off``) and, for ``auto``, the probes on ``device``.
+def compile_setting(value: str | bool) -> str:
+    """``train.compile`` as auto, on or off: YAML reads an unquoted on/off as true/false."""
+    return {True: "on", False: "off"}.get(value, value)
+
+
+def forced_on_gpu(train: dict) -> list[str]:
+    """The ``train`` settings that need the trainer on a CUDA GPU (the preflight refuses them without one)."""
+    return [f"train.{key}: {value}" for key, value in (("loss_implementation", train["loss_implementation"]),
+                                                       ("compile", compile_setting(train["compile"])))
+            if value in ("fused", "on")]
+
+
+def choose(train: dict, loss_fn: str, device: str) -> Choice:
+    """The trainer's loss implementation and compilation, from the config's ``train`` settings
+    (``loss_implementation``: auto, fused, eager; ``compile``: auto, on, off) and, for ``auto``, the
+    probes on ``device``.
 
     speculators compiles only on CUDA and its fused losses are Triton GPU kernels: without an
     accelerator both ``auto`` settings resolve to eager, uncompiled, with no probe."""
-    compile_setting = {True: "on", False: "off"}.get(compile_setting, compile_setting)  # YAML's unquoted on/off
-    on_gpu = device.startswith("cuda")
-    if not on_gpu:
-        if loss_setting == "fused" or compile_setting == "on":
-            raise ValueError("train.loss_implementation: fused and train.compile: on need a CUDA GPU "
-                             "(Triton kernels; speculators compiles only there); this job has none")
+    loss_setting, compile_mode = train["loss_implementation"], compile_setting(train["compile"])
+    if not device.startswith("cuda"):
+        if forced_on_gpu(train):
+            raise ValueError(f"{' and '.join(forced_on_gpu(train))} need a CUDA GPU (Triton kernels; speculators "
+                             "compiles only there); this job has none")
         return Choice("eager", False, "no CUDA device: the fused loss is a Triton GPU kernel, and "
                                       "speculators compiles only on CUDA")
     reasons = []
-    compile_ = compile_setting != "off"
-    if compile_setting == "auto":
+    compile_ = compile_mode != "off"
+    if compile_mode == "auto":
         started = time.monotonic()
         failure = probe(loss_fn, "eager", True, device)
         compile_ = failure is None
         reasons.append(f"torch.compile {'works' if compile_ else 'failed its probe: ' + failure} "
                        f"({time.monotonic() - started:.0f} s)")
     else:
-        reasons.append(f"torch.compile {compile_setting} (set in the config)")
+        reasons.append(f"torch.compile {compile_mode} (set in the config)")
     implementation = loss_setting
     if loss_setting == "auto":
         started = time.monotonic()
