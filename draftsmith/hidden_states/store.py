@@ -455,14 +455,15 @@ class _ShardWriter(Writer):
                                or self.queued_bytes + staged.nbytes <= QUEUE_BYTES)
             self.queued_bytes += staged.nbytes
         self._raise()
-        self.queue.put((row, ids_digest(ids.tolist()), staged))
+        self.queue.put((row, staged))
 
     def _drain(self) -> None:
         while (item := self.queue.get()) is not None:
-            row, digest, staged = item
+            row, staged = item
             try:
                 if self.error is None:
-                    self._append(row, digest, staged.on_host())
+                    tensors = staged.on_host()
+                    self._append(row, ids_digest(tensors["token_ids"].tolist()), tensors)
             except BaseException as err:  # raised in the extraction's thread, by write or close
                 self.error = err
             finally:
