@@ -332,11 +332,12 @@ class Phases:
 
 def compile_seconds() -> float | None:
     """Seconds dynamo spent compiling in this process (its own count), None where torch keeps none."""
-    try:
+    try:  # a private table of torch's: another release may move or reshape it
         from torch._dynamo.utils import compilation_time_metrics
-    except ImportError:
+
+        return round(sum(sum(times) for times in compilation_time_metrics.values()), 1)
+    except (ImportError, AttributeError, TypeError):
         return None
-    return round(sum(sum(times) for times in compilation_time_metrics.values()), 1)
 
 
 def phases_file(metrics_file: Path) -> Path:
