@@ -57,3 +57,39 @@ def test_each_requests_top_k_and_top_p_cover_its_draft_tokens():
     assert top_k.dtype == torch.int32 and top_k.tolist() == [5, 0, 0, 0, 7, 7]
     top_p = expand_batch_to_tokens(torch.tensor([0.9, 1.0, 0.5]), ends, 6)
     assert top_p.tolist() == pytest.approx([0.9, 1.0, 1.0, 1.0, 0.5, 0.5])
+
+
+# DFlash's drafter normalises every draft layer's context keys in one grouped call, through vLLM's own
+# method, once as vLLM ships and once after its general plugins loaded.
+DFLASH_PROBE = r"""
+import json, types, torch
+from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+from vllm.plugins import load_general_plugins
+keys = torch.randn(2, 5, 2, 16)  # [layers, context tokens, kv heads, head_dim]
+weights = torch.stack([torch.ones(16), 2 * torch.ones(16)])  # layer 1 scales by 2
+drafter = types.SimpleNamespace(_k_norm_weights=weights, _rms_norm_eps=1e-6)
+want = keys * torch.rsqrt(keys.pow(2).mean(-1, keepdim=True) + 1e-6) * weights[:, None, None, :]
+def right():
+    got = DFlashQwen3Model._normalize_context_k(drafter, keys)
+    return [bool(torch.allclose(got[i], want[i], atol=1e-5)) for i in range(2)]
+shipped = right()
+load_general_plugins()
+print(json.dumps({"vllm": shipped, "with_plugins": right()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def dflash_keys_right() -> dict[str, list[bool]]:
+    done = subprocess.run([sys.executable, "-c", DFLASH_PROBE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_each_dflash_layer_normalises_its_context_keys_with_its_own_weight(dflash_keys_right):
+    assert dflash_keys_right["with_plugins"] == [True, True]
+
+
+def test_vllm_cpu_build_still_needs_the_dflash_fix(dflash_keys_right):
+    """Layer 0's weight reaches every layer as vLLM 0.32 ships on CPUs. When this fails, the pinned vLLM
+    normalises per layer on its own: drop :func:`normalize_context_k`."""
+    assert dflash_keys_right["vllm"] == [True, False]
