@@ -15,6 +15,7 @@ wildcard_constraints:
     dataset="|".join(DATASETS),
     generated="|".join(GENERATED) or "^$",
     pretokenized="|".join(PRETOKENIZED) or "^$",
+    family="|".join(FAMILIES),
 
 
 include: "rules/model.smk"

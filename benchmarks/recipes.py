@@ -41,6 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from draftsmith.evaluation import pick  # noqa: E402
 from draftsmith.training.export import sglang_refusal  # noqa: E402
 from draftsmith.training.train import simulated_tau  # noqa: E402
 
@@ -165,8 +166,9 @@ def run_recipe(workdir: Path, shared: Path, config: Path, name: str, overrides: 
 
 def summarise(run: Path) -> dict:
     results = json.loads((run / "results/evaluation/results.json").read_text())
-    training = json.loads((run / "results/train/training.json").read_text())
-    with (run / "results/timings/train.tsv").open() as fh:
+    family = results["family"]  # the picked one (the only one, unless the recipe lists several)
+    training = json.loads((run / f"results/train/{family}/training.json").read_text())
+    with (run / f"results/timings/train_{family}.tsv").open() as fh:
         seconds = float(next(csv.DictReader(fh, delimiter="\t"))["s"])
     taus = {(r["set"], r["temperature"]): r["drafters"]["finetuned"]["acceptance"] for r in results["runs"]}
     validation = training["validation"]
@@ -177,7 +179,8 @@ def summarise(run: Path) -> dict:
             "per_position": {k: v["acceptance_rate_per_position"] for k, v in taus.items()},
             "simulated": [simulated_tau(e) for e in validation], "epoch_s": epoch_s, "train_s": seconds,
             "served_by": "vLLM" if sglang_refusal(json.loads((run / "results/drafter/config.json").read_text()))
-            else "vLLM, SGLang"}
+            else "vLLM, SGLang", "family": family, "speedup": pick.score(pick.family_runs(results), "speedup"),
+            "drafter_mib": (run / "results/drafter/final.safetensors").stat().st_size / 2**20}
 
 
 def pooled(summary: dict, temperature: float) -> float:
@@ -205,8 +208,8 @@ def table(summaries: dict[str, list[dict]]) -> list[str]:
     ref_sim = statistics.fmean(s["simulated"][-1] for s in summaries[first])
     head = " | ".join(f"{s} T={t:g}" for s, t in keys)
     lines = [f"| recipe | seeds | {head} | τ T=0 ratio | τ T=1 ratio | simulated τ | per position (T=0, first set) | "
-             "train s | ratio | time to reference τ | served by |",
-             "|---|---:|" + "---:|" * len(keys) + "---:|---:|---:|---|---:|---:|---|---|"]
+             "train s | ratio | time to reference τ | served by | speed-up (geometric mean) | drafter MiB |",
+             "|---|---:|" + "---:|" * len(keys) + "---:|---:|---:|---|---:|---:|---|---|---:|---:|"]
     for name, runs in summaries.items():
         cells = []
         for k in keys:
@@ -222,8 +225,17 @@ def table(summaries: dict[str, list[dict]]) -> list[str]:
                      f"{ratio.get(1.0, float('nan')):.3f} | {statistics.fmean(s['simulated'][-1] for s in runs):.3f} | "
                      f"{per_pos} | {train_s:.0f} | {train_s / ref_s:.2f} | "
                      f"{time_to_quality(mean_curve(runs, 'simulated'), ref_sim, mean_curve(runs, 'epoch_s'))} | "
-                     f"{runs[0]['served_by']} |")
+                     f"{runs[0]['served_by']} | {_mean_spread([s.get('speedup') for s in runs])} | "
+                     f"{_mean_spread([s.get('drafter_mib') for s in runs], '.1f')} |")
     return lines
+
+
+def _mean_spread(values: list[float | None], spec: str = ".3f") -> str:
+    """Mean ± half the range over seeds; – where a run has no figure (recorded before it was kept)."""
+    if not values or None in values:
+        return "–"
+    spread = f" ± {(max(values) - min(values)) / 2:{spec}}" if len(values) > 1 else ""
+    return f"{statistics.fmean(values):{spec}}{spread}"
 
 
 def plot(summaries: dict[str, list[dict]], out: Path) -> None:

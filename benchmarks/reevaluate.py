@@ -55,7 +55,8 @@ def measure_run(run: Path, config: dict, evaluation: dict, temperatures: list[fl
     os.chdir(run)  # the run's relative paths: its prepared target under results/models
     target = resolve(config["target"], REPO)
     sets = ev.prompt_sets(evaluation, REPO)
-    spec = ev.server_spec("vllm", target, config["server"], str(run / "results" / "drafter"), evaluation)
+    spec = ev.server_spec("vllm", target, config["server"], str(run / "results" / "drafter"),
+                          evaluation["num_speculative_tokens"])
     rows = []
     with managed_server(spec, run / "logs" / "reevaluate.server.log") as server:
         for name, prompts in sets.items():

@@ -16,6 +16,7 @@ from draftsmith.config.load import (
 from draftsmith.core.digest import json_digest
 from draftsmith.ops import preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
+from draftsmith.training import families as drafter_families
 
 # The config is layered here rather than with `configfile:`: the schema's defaults, then the
 # user's files (or the embedded default when there are none), then --config (draftsmith/config/load.py).
@@ -44,9 +45,12 @@ BASE_MODEL = config["target"]["base_model"] or (
     TARGET.source if TARGET.kind == "hub" else TARGET.name
 )
 CONFIG_DIGEST = json_digest(RESULT, 16)
+DRAFTER_EVALUATION_KEYS = ("num_speculative_tokens", "pick_by")
 BASELINE_EVALUATION = (
     {  # what the target-only measurement depends on: no drafter setting
-        k: v for k, v in RESULT["evaluation"].items() if k != "num_speculative_tokens"
+        k: v
+        for k, v in RESULT["evaluation"].items()
+        if k not in DRAFTER_EVALUATION_KEYS
     }
 )
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
@@ -55,6 +59,8 @@ PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokeniz
 _problems = preflight.problems(config, TARGET, BASE_DIR, targets.cheap_facts(TARGET))
 if _problems:
     raise WorkflowError(str(preflight.PreflightError(_problems)))
+for _notice in preflight.notices(config):
+    print(f"draftsmith: {_notice}", file=sys.stderr)
 
 
 def target_input(wildcards=None):
@@ -175,6 +181,33 @@ PRETRAINED = "results/pretrained"
 def pretrained_input(wildcards=None):
     """The checked warm-start drafter, when there is one (it decides layers and vocabulary)."""
     return [f"{PRETRAINED}/check.json"] if WARM_START else []
+
+
+FAMILIES = config["train"]["families"]
+
+
+def family_settings(wildcards=None, family=None):
+    """One family's training settings (its train job's params): a family added or changed reruns only its own jobs."""
+    return drafter_families.settings(RESULT["train"], family or wildcards.family)
+
+
+def family_pretrained_input(wildcards):
+    """The warm-start drafter is an EAGLE-3 one: it feeds that family only."""
+    return (
+        pretrained_input()
+        if wildcards.family == drafter_families.DEFAULT_FAMILY
+        else []
+    )
+
+
+def family_evaluation(wildcards):
+    """The evaluation settings a family's measurement depends on (EAGLE-3's chain length is its own)."""
+    if wildcards.family == drafter_families.DEFAULT_FAMILY:
+        return {
+            **BASELINE_EVALUATION,
+            "num_speculative_tokens": RESULT["evaluation"]["num_speculative_tokens"],
+        }
+    return BASELINE_EVALUATION
 
 
 def manifests(wildcards=None):

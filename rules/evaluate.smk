@@ -24,22 +24,22 @@ rule evaluate_baseline:
 
 
 rule evaluate:
-    """Held-out prompts through an EAGLE-3 vLLM server per drafter; τ from /metrics deltas."""
+    """Held-out prompts through a vLLM server per drafter of one family; τ from /metrics deltas (a family the
+    engine cannot serve on this machine is recorded as such, with no figure)."""
     input:
         model=target_input,
-        drafter="results/drafter/final.safetensors",
-        drafter_config="results/drafter/config.json",
-        gate="results/drafter/gate.json",
+        drafter="results/drafters/{family}/final.safetensors",
+        drafter_config="results/drafters/{family}/config.json",
+        gate="results/drafters/{family}/gate.json",
         baseline="results/evaluation/baseline.json",
         prompts=evaluation_sources,
-        pretrained=pretrained_input,
+        pretrained=family_pretrained_input,
     output:
-        results="results/evaluation/results.json",
+        results="results/evaluation/{family}.json",
     log:
-        main="logs/evaluate/evaluate.log",
-        finetuned="logs/evaluate/finetuned.server.log",
+        main="logs/evaluate/{family}.log",
     benchmark:
-        "results/timings/evaluate.tsv"
+        "results/timings/evaluate_{family}.tsv"
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],
@@ -47,10 +47,39 @@ rule evaluate:
         mem_mb=config["server"]["mem_mb"],
         runtime=server_runtime(12 * 60, servers=2 if WARM_START else 1),  # one per drafter
     params:
-        evaluation=RESULT["evaluation"],
+        evaluation=family_evaluation,
         server=RESULT["server"],
     script:
         "../scripts/evaluate.py"
+
+
+rule pick:
+    """The family with the best measured speed-up (or τ: evaluation.pick_by) becomes results/drafter/;
+    results.json is its evaluation with every family side by side."""
+    input:
+        evaluations=expand("results/evaluation/{family}.json", family=FAMILIES),
+        trainings=expand("results/train/{family}/training.json", family=FAMILIES),
+        drafters=expand("results/drafters/{family}/final.safetensors", family=FAMILIES),
+        configs=expand("results/drafters/{family}/config.json", family=FAMILIES),
+        gates=expand("results/drafters/{family}/gate.json", family=FAMILIES),
+        sglang=expand("results/drafters/{family}/sglang", family=FAMILIES),
+    output:
+        weights="results/drafter/final.safetensors",
+        config="results/drafter/config.json",
+        gate="results/drafter/gate.json",
+        sglang=directory("results/drafter/sglang"),
+        results="results/evaluation/results.json",
+    log:
+        "logs/pick.log",
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        families=FAMILIES,
+        pick_by=config["evaluation"]["pick_by"],
+    script:
+        "../scripts/pick.py"
 
 
 rule report:
@@ -61,7 +90,7 @@ rule report:
         prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
         merge="results/merged/stats.json",
         vocab="results/vocab/stats.json",
-        training="results/train/training.json",
+        trainings=expand("results/train/{family}/training.json", family=FAMILIES),
         gate="results/drafter/gate.json",
     output:
         markdown="results/report/report.md",
@@ -80,6 +109,11 @@ rule report:
             caption="../report/training.rst",
             category="Training",
         ),
+        families_plot=report(
+            "results/report/families.png",
+            caption="../report/families.rst",
+            category="Evaluation",
+        ),
     log:
         "logs/report.log",
     threads: 1
@@ -94,10 +128,11 @@ rule model_card:
     """results/drafter/README.md: the hub's model card, every figure from this run's files."""
     input:
         results="results/evaluation/results.json",
-        training="results/train/training.json",
+        trainings=expand("results/train/{family}/training.json", family=FAMILIES),
         merge="results/merged/stats.json",
         prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
         sglang="results/drafter/sglang",
+        drafter_config="results/drafter/config.json",
     output:
         card=report(
             "results/drafter/README.md",
@@ -113,7 +148,7 @@ rule model_card:
     params:
         base_model=BASE_MODEL,
         config_digest=CONFIG_DIGEST,
-        train=RESULT["train"],
+        train={family: family_settings(family=family) for family in FAMILIES},
         datasets=RESULT["datasets"],
     script:
         "../scripts/model_card.py"

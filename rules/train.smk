@@ -43,22 +43,23 @@ rule vocab:
 
 
 rule train:
-    """Train the EAGLE-3 drafter with speculators (checkpoints under results/train_runs/ resume);
-    pick the epoch with the best simulated τ."""
+    """Train one drafter family with speculators from the shared hidden states and vocabulary
+    (checkpoints under results/train_runs/{family}/ resume); pick the epoch with the best simulated τ.
+    """
     input:
         model=target_input,
         table="results/merged/train.parquet",
         manifests=manifests,
         d2t="results/vocab/d2t.npy",
         t2d="results/vocab/t2d.npy",
-        pretrained=pretrained_input,
+        pretrained=family_pretrained_input,
     output:
-        summary="results/train/training.json",
+        summary="results/train/{family}/training.json",
     log:
-        main="logs/train.log",
-        server="logs/train.server.log",
+        main="logs/train/{family}.log",
+        server="logs/train/{family}.server.log",
     benchmark:
-        "results/timings/train.tsv"
+        "results/timings/train_{family}.tsv"
     threads: config["train"]["threads"]
     resources:
         gpu=train_gpus(),
@@ -66,28 +67,30 @@ rule train:
         mem_mb=config["train"]["mem_mb"],
         runtime=server_runtime(48 * 60, servers=1 if ONLINE else 0),
     params:
-        train=RESULT["train"],
+        train=family_settings,
         hidden_states=RESULT["hidden_states"],
         server=RESULT["server"],
-        runs_dir="results/train_runs",
+        runs_dir=lambda wildcards: f"results/train_runs/{wildcards.family}",
     script:
         "../scripts/train.py"
 
 
 rule export:
-    """The chosen checkpoint for vLLM (and SGLang), gated: vLLM must load it and accept drafts."""
+    """One family's chosen checkpoint for vLLM (and SGLang), gated: vLLM must load it and accept drafts
+    (a family the engine cannot serve on this machine is exported and marked so, never gated on a guess).
+    """
     input:
         model=target_input,
-        summary="results/train/training.json",
+        summary="results/train/{family}/training.json",
         table="results/merged/train.parquet",
     output:
-        weights="results/drafter/final.safetensors",
-        config="results/drafter/config.json",
-        gate="results/drafter/gate.json",
-        sglang=directory("results/drafter/sglang"),
+        weights="results/drafters/{family}/final.safetensors",
+        config="results/drafters/{family}/config.json",
+        gate="results/drafters/{family}/gate.json",
+        sglang=directory("results/drafters/{family}/sglang"),
     log:
-        main="logs/export.log",
-        server="logs/export.server.log",
+        main="logs/export/{family}.log",
+        server="logs/export/{family}.server.log",
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],

@@ -13,7 +13,7 @@ def main() -> None:
     tgt = target_of(sm)
     sets = ev.prompt_sets(cfg, base_dir(sm))
     seeded = compute.has_accelerator()
-    spec = ev.server_spec(cfg["engine"], tgt, server_cfg, None, cfg)
+    spec = ev.server_spec(cfg["engine"], tgt, server_cfg)
     with managed_server(spec, Path(sm.log.server)) as server:
         runs = ev.baseline_runs(server.base_url, tgt.model, sets, cfg["temperatures"], cfg["max_tokens"], seeded,
                                 concurrency)

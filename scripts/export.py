@@ -9,8 +9,12 @@ from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
+from draftsmith.training import families
 
 log = logging.getLogger("draftsmith.training.export")
+
+
+GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts its trained block)
 
 
 class GateFailed(ValueError):
@@ -18,12 +22,13 @@ class GateFailed(ValueError):
 
 
 def main() -> None:
+    family = sm.wildcards.family
     summary = json.loads(Path(sm.input.summary).read_text())
     checkpoint, tgt = Path(summary["checkpoint"]), target_of(sm)
     model = tgt.model
     drafter = Path(sm.output.weights).parent
-    ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
-                   verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
+    trained = ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
+                             verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
     sglang = sm.params.export["sglang"]
     why_not = ex.sglang_refusal(json.loads((checkpoint / "config.json").read_text()))
     if sglang is True or (sglang == "auto" and not why_not):
@@ -33,9 +38,16 @@ def main() -> None:
         Path(sm.output.sglang).mkdir(parents=True, exist_ok=True)
         write_text(Path(sm.output.sglang) / "NOT_EXPORTED.txt", reason + "\n")
         log.warning("SGLang: %s", reason)
+    unserved = families.not_served_here(family, on_gpus=sm.resources.gpu > 0)
+    if unserved:  # exported and checked, but the gate needs a machine that serves it
+        write_json(sm.output.gate, {"passed": None, "served": False, "verdict": unserved,
+                                    "epoch": summary["chosen"]["epoch"]})
+        log.warning("gate: %s", unserved)
+        return
     chosen = next((v for v in summary["validation"] if v["epoch"] == summary["chosen"]["epoch"]), {})
-    expected = chosen.get("full_acc_0_epoch")
-    spec = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 3}
+    expected = families.first_position_accuracy(family, chosen)
+    spec = {"method": families.VLLM_METHOD[family], "model": str(drafter),
+            "num_speculative_tokens": families.num_speculative_tokens(family, trained, GATE_CHAIN)}
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
     with managed_server(spec_from_config(tgt, sm.config["server"], speculative_config=spec),
                         Path(sm.log.server)) as server:
@@ -44,8 +56,8 @@ def main() -> None:
         asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
         acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
     passed, verdict = ex.gate_verdict(acceptance, expected)
-    write_json(sm.output.gate, {"passed": passed, "verdict": verdict, "acceptance": acceptance,
-                                "validation_full_acc_0": expected, "epoch": summary["chosen"]["epoch"],
+    write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
+                                "validation_first_token_accuracy": expected, "epoch": summary["chosen"]["epoch"],
                                 "validation_rows": len(rows)})
     log.info("gate: %s", verdict)
     if not passed:

@@ -12,12 +12,15 @@ def load(path):
 
 def main() -> None:
     not_exported = Path(sm.input.sglang) / "NOT_EXPORTED.txt"
+    results = load(sm.input.results)
+    family = results["family"]
     inputs = CardInputs(
         base_model=sm.params.base_model, config_digest=sm.params.config_digest,
-        datasets=sm.params.datasets, results=load(sm.input.results),
-        training=load(sm.input.training), merge=load(sm.input.merge),
+        datasets=sm.params.datasets, results=results,
+        training=next(t for t in map(load, sm.input.trainings) if t["family"] == family),
+        merge=load(sm.input.merge),
         prompts={Path(p).name.removesuffix(".stats.json"): load(p) for p in sm.input.prompts},
-        train_config=sm.params.train,
+        train_config=sm.params.train[family], drafter_config=load(sm.input.drafter_config),
         sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None)
     write_text(Path(sm.output.card), card(inputs))
 

@@ -32,9 +32,10 @@ def main() -> None:
                                        prompt_tokens(renderer, prompts, cfg["plan"]["prompt_sample"]),
                                        cfg["plan"]["completion_fraction"], JOURNAL_DIR,
                                        cfg["tokenize"]["max_length"]))
-    throughput = plan.measured_throughput(results, cfg["plan"]["throughput"])
+    throughput = plan.measured_throughput(results, cfg["plan"]["throughput"], cfg["train"]["families"])
     markdown, data = plan.render(plans, facts, cfg, throughput, *plan.free_space(results, cfg["plan"]["free_tb"]))
-    markdown += "\n".join(plan.measured_section(results, plans)) + "\n"
+    markdown += "\n".join(plan.drafters_section(facts, cfg, results)
+                          + plan.measured_section(results, plans)) + "\n"
     write_json(sm.output.data, data)
     write_text(sm.output.markdown, markdown)
     logging.getLogger("draftsmith.ops.plan").info("\n%s", markdown)

@@ -1,3 +1,5 @@
+import logging
+
 from draftsmith.config import target
 from draftsmith.core.atomic import write_json
 from draftsmith.ops import devices, preflight
@@ -8,7 +10,10 @@ def main() -> None:
     tgt = target_of(sm)
     facts = target.facts(tgt)
     preflight.check(sm.config, tgt, base_dir(sm), facts)
-    write_json(sm.output[0], {"target": tgt.name, "facts": facts.__dict__, "problems": [],
+    notices = preflight.notices(sm.config)
+    for notice in notices:
+        logging.getLogger("draftsmith.ops.preflight").warning("%s", notice)
+    write_json(sm.output[0], {"target": tgt.name, "facts": facts.__dict__, "problems": [], "notices": notices,
                               "nvidia_driver": devices.driver_version()})
 
 

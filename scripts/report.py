@@ -14,11 +14,13 @@ def by_dataset(paths):
 
 
 def main() -> None:
-    inputs = Inputs(results=load(sm.input.results), generation=by_dataset(sm.input.generation),
+    results = load(sm.input.results)
+    picked = next(t for t in map(load, sm.input.trainings) if t["family"] == results["family"])
+    inputs = Inputs(results=results, generation=by_dataset(sm.input.generation),
                     prompts=by_dataset(sm.input.prompts), merge=load(sm.input.merge), vocab=load(sm.input.vocab),
-                    training=load(sm.input.training), gate=load(sm.input.gate))
+                    training=picked, gate=load(sm.input.gate))
     write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot),
-                 Path(sm.output.table))
+                 Path(sm.output.families_plot), Path(sm.output.table))
 
 
 if __name__ == "__main__":

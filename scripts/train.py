@@ -16,7 +16,7 @@ from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.hidden_states import extract as hs
 from draftsmith.hidden_states.store import BACKEND, fingerprint, open_store, write_locations
 from draftsmith.ops.runner import run, target_of
-from draftsmith.training import placement, probe
+from draftsmith.training import families, placement, probe
 from draftsmith.training import speculators_patches as patches
 from draftsmith.training import train as tr
 
@@ -45,6 +45,7 @@ def main() -> None:
                                  os.environ.get("CUDA_VISIBLE_DEVICES"))
         placement.apply_to_trainer(shares)
         log.info("online hidden states: %s", shares.summary)
+    family = sm.wildcards.family
     tgt = target_of(sm)
     facts = target.facts(tgt)
     merged = Path(sm.input.table)
@@ -58,7 +59,12 @@ def main() -> None:
     keep = [i for i, r in enumerate(table) if (r["dataset"], r["source_row"]) not in failed]
     if len(keep) < len(table):
         log.warning("%d merged rows have no hidden states (failed extraction) and are left out", len(table) - len(keep))
-    key = json_digest({"train": cfg, "data": file_sha256(merged), "d2t": file_sha256(Path(sm.input.d2t)),
+    mask = tr.choose_mask_token(cfg["mask_token_id"], target.load_tokenizer(tgt), facts.vocab_size,
+                                tr.token_ids(merged)) if family != families.DEFAULT_FAMILY else None
+    if mask:
+        log.info("%s mask token: id %d, %s", family, *mask)
+    key = json_digest({"train": cfg, **({"mask_token_id": mask[0]} if mask else {}), "data": file_sha256(merged),
+                       "d2t": file_sha256(Path(sm.input.d2t)),
                        "left_out": sorted(failed), "hidden_states": [hs_cfg["mode"], states],
                        "pretrained": pretrained and json.loads((pretrained / "check.json").read_text())}, 12)
     run_dir = Path(sm.params.runs_dir) / key
@@ -85,8 +91,8 @@ def main() -> None:
             hidden_states_backend="file" if online else BACKEND,
             vllm_endpoint=extractor.base_url if online else None, dtype=dtype.dtype,
             trust_remote_code=tgt.trust_remote_code, loss_implementation=trainer.loss_implementation,
-            compile_=trainer.compile)
-        log.info("run %s (%d rows, %s hidden states, cpu=%s, %s: %s): speculators train %s", key, rows,
+            compile_=trainer.compile, mask_token_id=mask and mask[0])
+        log.info("%s run %s (%d rows, %s hidden states, cpu=%s, %s: %s): speculators train %s", family, key, rows,
                  hs_cfg["mode"], on_cpu, dtype.dtype, dtype.reason, " ".join(argv))
         metrics = run_dir / "validation.jsonl"
         processes = ops["processes"] or max(ops["gpus"], 1)
@@ -102,7 +108,8 @@ def main() -> None:
         tr.choose_checkpoint(run_dir / "checkpoints", validation[-1:])
     trained_tokens = cfg["epochs"] * sum(table[i]["seq_len"] for i in keep if table[i]["split"] == TRAIN)
     write_json(sm.output.summary, {
-        "run_key": key, "checkpoint": str(checkpoint), "chosen": choice, "rows": rows, "on_cpu": on_cpu,
+        "family": family, "mask_token": mask and {"id": mask[0], "why": mask[1]}, "run_key": key,
+        "checkpoint": str(checkpoint), "chosen": choice, "rows": rows, "on_cpu": on_cpu,
         "rows_without_hidden_states": len(table) - len(keep), "compute": dtype.as_dict(),
         "trained_tokens": trained_tokens,
         "hidden_states": {"mode": hs_cfg["mode"], "layout": None if online else hs_cfg["layout"],

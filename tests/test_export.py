@@ -184,3 +184,34 @@ def test_checkpoints_vllm_would_mis_map_are_refused(tmp_path, drop, fc_cols, mes
 def test_the_export_gate(rates, drafts, expected, passed, says):
     ok, verdict = ex.gate_verdict({"drafts": drafts, "acceptance_rate_per_position": rates}, expected)
     assert ok is passed and says in verdict
+
+
+def make_block_drafter(target_dir, dest, family, *flags):
+    """A real, freshly initialised speculators DFlash or DSpark checkpoint (two layers) for the embedded target."""
+    from speculators.train import cli
+    from speculators.train.config import TrainConfig
+
+    make_drafter(target_dir, dest.parent / "eagle3")  # its vocabulary mapping, beside dest
+    cli.main(TrainConfig.resolve([
+        "--verifier-name-or-path", str(target_dir), "--save-path", str(dest), "--dry-run", "--draft-attn-impl", "sdpa",
+        "--speculator-type", family, "--num-layers", "2", "--block-size", "8", "--mask-token-id", "16",
+        "--d2t-path", str(dest.parent / "d2t.npy"), "--t2d-path", str(dest.parent / "t2d.npy"),
+        "--target-layer-ids", "2", "15", "27", *flags]))
+    return dest
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+def test_a_block_drafter_exports_for_vllm_and_not_in_sglangs_eagle3_layout(target_dir, tmp_path, family):
+    ckpt = make_block_drafter(target_dir, tmp_path / family, family)
+    config = ex.export_vllm(ckpt, tmp_path / "d" / "final.safetensors", tmp_path / "d" / "config.json",
+                            verifier_ref="results/models/t")
+    assert (config["speculators_model_type"], config["block_size"], config["mask_token_id"]) == (family, 8, 16)
+    assert ex.sglang_refusal(config).startswith(f"a {family} drafter")
+
+
+def test_a_block_drafter_with_full_attention_is_refused_not_served_with_another_mask(target_dir, tmp_path):
+    ckpt = make_block_drafter(target_dir, tmp_path / "dflash", "dflash", "--full-attention-indices", "1")
+    with pytest.raises(ex.ExportRefused, match=r"draft layer\(s\) \[1\] use full attention.*vllm PR 56692"):
+        ex.export_vllm(ckpt, tmp_path / "d" / "final.safetensors", tmp_path / "d" / "config.json",
+                       verifier_ref="results/models/t")
+    assert not (tmp_path / "d" / "final.safetensors").exists()

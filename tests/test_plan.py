@@ -1,5 +1,6 @@
 """The plan: the worked example of the README (a 1T target that does not fit) and the estimates."""
 
+import dataclasses
 import json
 
 import pytest
@@ -39,7 +40,8 @@ def test_the_worked_example_lands_near_the_hand_estimate_and_does_not_fit(tmp_pa
     assert not data["fits"] and "**it does not fit.**" in markdown
     assert "hidden_states: {mode: online}" in markdown and "about 11,313 fit" in markdown
     assert "| generate | 102,400,000 completion tokens | 6,000 tok/s (configured) | 4.7 h | 95 |" in markdown
-    assert "| train | 530,750,000 sequence tokens x epochs | 30,000 tok/s (configured) | 4.9 h | 12 |" in markdown
+    assert "| train eagle3 | 530,750,000 sequence tokens x epochs | 30,000 tok/s (configured) | 4.9 h | 12 |" \
+        in markdown
     # fp8 storage: half the bytes (a float32 scale per token and layer on top), still above 2.9 TB here.
     assert data["fp8_bytes"] == pytest.approx(25_000 * (4096 + 150) * (4 * (7168 + 4) + 8), rel=1e-6)
     assert 0.50 < data["fp8_bytes"] / data["needed_bytes"] < 0.51
@@ -79,3 +81,29 @@ def test_online_mode_needs_no_disk(tmp_path):
                                      (6.09e12, "6.09 TB (5.54 TiB)")])
 def test_one_way_to_print_a_size(n, text):
     assert human_bytes(n) == text
+
+
+def test_each_family_is_planned_with_its_own_epochs_and_pace(tmp_path):
+    config = kimi_config(tmp_path)
+    config["train"].update(families=["eagle3", "dflash"], dflash={**config["train"]["dflash"], "epochs": 10})
+    config["plan"]["throughput"]["training_tok_s"] = None
+    results = tmp_path / "results"
+    for family, seconds in (("eagle3", 100.0), ("dflash", 400.0)):  # an earlier run of each
+        (results / "train" / family).mkdir(parents=True)
+        (results / "train" / family / "training.json").write_text(json.dumps({"trained_tokens": 3_000_000}))
+        (results / "timings").mkdir(exist_ok=True)
+        (results / "timings" / f"train_{family}.tsv").write_text(f"s\th:m:s\n{seconds}\t0:00:00\n")
+    throughput = plan.measured_throughput(results, config["plan"]["throughput"], ["eagle3", "dflash"])
+    assert throughput.training_tok_s == {"eagle3": 30_000, "dflash": 7_500}
+    ds = plan.plan_dataset("regenerated", config["datasets"]["regenerated"], [Prompt(f"p{i}", ["x"]) for i in
+                                                                              range(25_000)], 150, 0.5, tmp_path, 10240)
+    markdown, _ = plan.render([ds], KIMI, config, throughput, 2.9e12, "plan.free_tb")
+    assert "| train eagle3 | 530,750,000 sequence tokens x epochs | 30,000 tok/s (measured (earlier run)) | 4.9 h |" \
+        in markdown
+    assert "| train dflash | 1,061,500,000 sequence tokens x epochs | 7,500 tok/s (measured (earlier run)) | 39.3 h |" \
+        in markdown
+    # On the serving GPUs: EAGLE-3's one layer against DFlash's five at Kimi's width.
+    lines = plan.drafters_section(dataclasses.replace(KIMI, intermediate_size=18432), config, results)
+    eagle3, dflash = (next(line for line in lines if line.startswith(f"| {f} |")) for f in ("eagle3", "dflash"))
+    assert eagle3.startswith("| eagle3 | 1 | 969 M | 1.8 GiB |")
+    assert dflash.startswith("| dflash | 5 | 3,222 M | 6.0 GiB |")

@@ -94,3 +94,12 @@ def test_a_folder_keeps_its_own_records_of_what_it_makes(tmp_path):
     assert own.read_text() == "fp8"
     copied = fp8 / ".snakemake" / "metadata" / base64.urlsafe_b64encode(b"results/merged/train.parquet").decode()
     assert copied.read_text() == "shared merge"
+
+
+def test_each_recipe_shows_its_speedup_and_drafter_size_over_seeds():
+    runs = {"eagle3": [{**summary(1.5, 1.2, [1.3], 60, "vLLM"), "speedup": 1.2, "drafter_mib": 72.8},
+                       {**summary(1.5, 1.2, [1.3], 60, "vLLM"), "speedup": 1.4, "drafter_mib": 72.8}],
+            "dflash": [{**summary(1.4, 1.1, [1.2], 90, "vLLM"), "speedup": None, "drafter_mib": 24.5}]}
+    eagle3, dflash = (line.split(" | ") for line in recipes.table(runs)[2:])
+    assert eagle3[12:14] == ["1.300 ± 0.100", "72.8 ± 0.0 |"]
+    assert dflash[12] == "–"  # a run without a measured speed-up has none, not a mean of the others

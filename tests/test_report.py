@@ -41,8 +41,9 @@ GATE = {"passed": True, "verdict": "served first-token acceptance 0.140 (validat
 
 def test_report_shows_every_stage_with_plots(tmp_path):
     md, png, train_png = tmp_path / "report.md", tmp_path / "acc.png", tmp_path / "train.png"
-    tsv = tmp_path / "evaluation.tsv"
-    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE), md, png, train_png, tsv)
+    tsv, families_png = tmp_path / "evaluation.tsv", tmp_path / "families.png"
+    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE), md, png, train_png, families_png,
+                 tsv)
     text = md.read_text()
     table = tsv.read_text().splitlines()
     assert table[0].split("\t")[:5] == ["prompt_set", "temperature", "prompts", "drafter", "tau_pooled"]
@@ -66,10 +67,10 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "Measured on a CPU" in text  # results without on_accelerator: a CPU run
     on_gpus = Inputs({**RESULTS, "on_accelerator": True}, GENERATION, PROMPTS, MERGE, VOCAB,
                      {**TRAINING, "on_cpu": False}, GATE)
-    write_report(on_gpus, md, png, train_png, tsv)
+    write_report(on_gpus, md, png, train_png, families_png, tsv)
     assert "CPU" not in md.read_text()  # a GPU run's report says nothing of CPUs
     fp8 = {**TRAINING, "hidden_states": {"mode": "offline", "layout": "shards", "storage": "fp8", "aux_layers": [1]}}
-    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, fp8, GATE), md, png, train_png, tsv)
+    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, fp8, GATE), md, png, train_png, families_png, tsv)
     assert "(shards layout, stored in fp8 with a scale per token and layer)" in md.read_text()
 
 
@@ -92,7 +93,8 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
                           "mine": MERGE["datasets"]["everyday"]}}
     text = card(CardInputs(base_model="HuggingFaceTB/SmolLM2-135M-Instruct", config_digest="0123abcd",
                            datasets=datasets, results=RESULTS, training=TRAINING, merge=merge, prompts=PROMPTS,
-                           train_config=train_config, sglang_reason="not exported: norm_before_residual=true"))
+                           train_config=train_config, drafter_config={},
+                           sglang_reason="not exported: norm_before_residual=true"))
     meta = yaml.safe_load(text.split("---\n")[1])
     # The hub links datasets by their hub ids: a local file's name ("everyday") or folder ("data/mine") is none.
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -106,7 +108,7 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
                                              "aux_layers": [2, 15, 27]}}
     offline_card = card(CardInputs(base_model="m", config_digest="0", datasets=datasets, results=RESULTS,
                                    training=offline, merge=merge, prompts=PROMPTS, train_config=train_config,
-                                   sglang_reason=None))
+                                   drafter_config={}, sglang_reason=None))
     assert "their hidden states stored in fp8" in offline_card
     assert "eagle3" in meta["tags"] and meta["license_name"] == "same-as-base-model"
     assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config" in text
@@ -114,3 +116,47 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
     assert "| everyday | 3 | 0 | 1.234 | 0.20, 0.03, 0.00 |" in text and "| everyday | 3 | 1 | 1.200 |" in text
     assert "Config digest: `0123abcd`" in text and "Exported epoch 1" in text
     assert "Loss computed **eager**, forward compiled: torch.compile works" in text  # and why
+
+
+def family_row(family, tau, speedup, served=True):
+    runs = [{"set": "everyday", "temperature": t, "tau": tau, "speedup": speedup, "output_tok_s": 30.0,
+             "acceptance_rate_per_position": [0.4, 0.1]} for t in (0.0, 1.0)] if served else []
+    row = {"family": family, "served": served, "runs": runs, "score": speedup if served else None,
+           "drafter_bytes": 3 * 2**20, "train_s": 120.0, "simulated_tau": 1.5, "num_speculative_tokens": 7}
+    return row if served else {**row, "reason": "vLLM serves DSpark only with its V2 model runner"}
+
+
+FAMILIES = {**RESULTS, "family": "dflash", "pick": {"by": "speedup", "family": "dflash",
+                                                      "why": "best speed-up 1.100, +10.0% over eagle3 (1.000)"},
+            "families": [family_row("eagle3", 1.3, 1.0), family_row("dflash", 1.6, 1.1),
+                         family_row("dspark", None, None, served=False)]}
+DFLASH_TRAINING = {**TRAINING, "family": "dflash",
+                   "mask_token": {"id": 16, "why": "special token '<x>', never in the data"},
+                   "validation": [{"epoch": 0, "loss_epoch": 2.1, "position_1_acc_epoch": 0.2,
+                                   "position_2_acc_epoch": 0.05, "eal_epoch": 1.3, "simulated_tau": 1.3}]}
+
+
+def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
+    md, families_png = tmp_path / "report.md", tmp_path / "families.png"
+    write_report(Inputs(FAMILIES, GENERATION, PROMPTS, MERGE, VOCAB, DFLASH_TRAINING, GATE), md, tmp_path / "a.png",
+                 tmp_path / "t.png", families_png, tmp_path / "e.tsv")
+    text = md.read_text()
+    assert "**Picked: DFlash** by speed-up: best speed-up 1.100, +10.0% over eagle3 (1.000)" in text
+    assert "| DFlash ✔ | everyday | 0 | 7 | 1.600 | 0.40, 0.10 | 30.0 | 1.10× | 2.0 min | 3.0 MiB |" in text
+    assert "| EAGLE-3 | everyday | 1 | 7 | 1.300 |" in text
+    assert "| DSpark | – | – | – | not served here | vLLM serves DSpark only with its V2 model runner |" in text
+    assert "speculators DFlash" in text and "| epoch | loss | position_1_acc | position_2_acc |" in text
+    assert "![drafter families](families.png)" in text and families_png.read_bytes()[:4] == b"\x89PNG"
+    from draftsmith.evaluation.model_card import CardInputs, card
+
+    dflash = {"transformer_layer_config": {"num_hidden_layers": 2}, "block_size": 8, "mask_token_id": 16}
+    text = card(CardInputs(base_model="b/m", config_digest="0", datasets={}, results=FAMILIES,
+                           training=DFLASH_TRAINING, merge=MERGE, prompts=PROMPTS,
+                           train_config={"epochs": 3, "lr": 1e-3, "optimizer": "muon", "scheduler": "linear",
+                                         "total_seq_len": 1024, "loss_fn": None},
+                           drafter_config=dflash, sglang_reason="a dflash drafter: SGLang's export is EAGLE-3's"))
+    assert text.split("---\n")[2].lstrip().startswith("# DFlash drafter for b/m") and "- dflash" in text
+    assert '"method": "dflash"' in text and "--speculative-algorithm" not in text
+    assert "2 draft layer(s), blocks of 8 positions, mask token 16 (special token '<x>', never in the data)" in text
+    assert "## Why this family" in text and "| DFlash | 1.600 | 1.10× |" in text
+    assert "| DSpark | not served here" in text

@@ -87,7 +87,7 @@ def test_sglang_command_and_its_limits():
                            ).command(1).count("--trust-remote-code") == 1
 
 
-def test_each_engine_gets_its_own_flags_in_evaluation_and_generation():
+def test_each_engine_gets_its_own_flags_in_evaluation_and_generation(tmp_path):
     """vLLM's --tensor-parallel-size is SGLang's --tp: an 8-GPU SGLang evaluation lost its --tp when the
     speculative flags replaced the user's, and a SGLang baseline got vLLM's flags."""
     from draftsmith.evaluation.evaluate import server_spec
@@ -95,13 +95,21 @@ def test_each_engine_gets_its_own_flags_in_evaluation_and_generation():
 
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "env": {}, "startup_timeout_s": 60,
               "dtype": "bfloat16", "extra_args": ["--tensor-parallel-size", "8"], "sglang_args": ["--tp", "8"]}
-    target, evaluation = Target("m", "m", "hub"), {"num_speculative_tokens": 3}
-    for drafter in (None, "results/drafter"):
-        sglang = server_spec("sglang", target, server, drafter, evaluation).command(1)
+    target = Target("m", "m", "hub")
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    for where in (None, str(drafter)):
+        sglang = server_spec("sglang", target, server, where, 3).command(1)
         assert sglang[sglang.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in sglang
-        vllm = server_spec("vllm", target, server, drafter, evaluation).command(1)
+        vllm = server_spec("vllm", target, server, where, 3).command(1)
         assert vllm[vllm.index("--tensor-parallel-size") + 1] == "8" and "--tp" not in vllm
     assert "--speculative-algorithm" in sglang
+    # A block drafter is served as its own method, drafting its trained block minus the anchor.
+    (drafter / "config.json").write_text(json.dumps({"speculators_model_type": "dflash", "block_size": 8}))
+    vllm = server_spec("vllm", target, server, str(drafter), 3).command(1)
+    assert json.loads(vllm[vllm.index("--speculative-config") + 1]) == {
+        "method": "dflash", "model": str(drafter), "num_speculative_tokens": 7}
     generation = generation_spec(target, server, {"engine": "sglang", "extra_args": None, "env": {}}).command(1)
     assert generation[generation.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in generation
 

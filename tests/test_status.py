@@ -61,16 +61,23 @@ def test_hidden_states_and_training_progress(run_dir):
     folder.mkdir(parents=True)
     (folder / "index.jsonl").write_text(json.dumps({"shard": "s0", "rows": {"0": "d", "1": "d"}, "bytes": 2**30})
                                         + "\n")
-    runs = run_dir / "results/train_runs/abc"
-    runs.mkdir(parents=True)
-    (runs / "validation.jsonl").write_text(json.dumps({"epoch": 0, "full_acc_0_epoch": 0.3}) + "\n"
-                                           + json.dumps({"epoch": 1, "full_acc_0_epoch": 0.4}) + "\n")
-    (run_dir / "logs/train.log").write_text("{'train': {}, 'global_step': 11}\n... global_step=12\n")
-    st = status.collect(from_snakemake_args([], REPO))
-    assert st.training.global_step == 12 and "optimizer step 12" in status.render(st)
+    for family, metrics in (("eagle3", [{"full_acc_0_epoch": 0.3}, {"full_acc_0_epoch": 0.4}]),
+                            ("dflash", [{"eal_epoch": 1.7}])):
+        runs = run_dir / f"results/train_runs/{family}/abc"
+        runs.mkdir(parents=True)
+        (runs / "validation.jsonl").write_text("".join(json.dumps({"epoch": i, **m}) + "\n"
+                                                       for i, m in enumerate(metrics)))
+    (run_dir / "logs/train").mkdir()
+    (run_dir / "logs/train/eagle3.log").write_text("{'train': {}, 'global_step': 11}\n... global_step=12\n")
+    st = status.collect(from_snakemake_args(["--config", "train={families: [eagle3, dflash, dspark]}"], REPO))
+    eagle3, dflash, _ = st.training
+    text = status.render(st)
+    assert eagle3.global_step == 12 and "training eagle3: run abc, 2 of 3 epochs validated" in text
     everyday = next(d for d in st.datasets if d.name == "everyday")
     assert everyday.hidden_state_rows == 2 and everyday.hidden_state_bytes == 2**30
-    assert st.training.epochs_validated == 2 and st.training.best_simulated_tau == pytest.approx(1.4)
+    assert eagle3.epochs_validated == 2 and eagle3.best_simulated_tau == pytest.approx(1.4)
+    assert dflash.epochs_validated == 1 and dflash.best_simulated_tau == pytest.approx(1.7)
+    assert "training dspark: run –, 0 of 3 epochs validated" in text  # each family counted apart
 
 
 def test_a_prompt_journaled_twice_counts_once(run_dir):

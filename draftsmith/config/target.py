@@ -91,6 +91,7 @@ class Facts:
     custom_code: bool = False  # config.json maps Auto classes to the target's own code (auto_map)
     attention: str | None = None  # "mla" (DeepSeek-V3, Kimi-K2) or "mha"; None when not known
     head_size: int | None = None  # per attention head; MLA: its latent cache, kv_lora_rank + qk_rope_head_dim
+    intermediate_size: int | None = None  # the MLP's width (a drafter's layers take the target's)
 
     @classmethod
     def from_config(cls, config: dict) -> Facts:
@@ -103,7 +104,7 @@ class Facts:
                    vocab_size=text["vocab_size"], max_position_embeddings=text.get("max_position_embeddings"),
                    model_type=text.get("model_type", config.get("model_type", "?")),
                    custom_code=bool(config.get("auto_map")), attention="mla" if mla else "mha",
-                   head_size=head_size)
+                   head_size=head_size, intermediate_size=text.get("intermediate_size"))
 
 
 def config_path(target: Target) -> Path | None:
@@ -145,7 +146,8 @@ def facts_without_weights(target: Target) -> Facts:
     arch = field("general.architecture")
     return Facts(num_layers=int(field(f"{arch}.block_count")), hidden_size=int(field(f"{arch}.embedding_length")),
                  vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
-                 max_position_embeddings=int(field(f"{arch}.context_length")), model_type=arch)
+                 max_position_embeddings=int(field(f"{arch}.context_length")), model_type=arch,
+                 intermediate_size=int(field(f"{arch}.feed_forward_length")))
 
 
 def load_tokenizer(target: Target):

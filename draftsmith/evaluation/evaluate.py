@@ -1,10 +1,10 @@
-"""Evaluate the drafter: the same held-out prompts through a baseline and an EAGLE-3 vLLM server.
+"""Evaluate a drafter: the same held-out prompts through a baseline and a vLLM server with the drafter.
 
 The baseline (the target without a drafter) is measured once, by its own job, and read by every
 evaluation of a drafter: it depends only on the target, the prompt sets and the sampling, so a
 retrained drafter (or each recipe of a comparison) needs one server start, not two.
 
-Acceptance is read from the EAGLE-3 server's own Prometheus counters, as deltas around each
+Acceptance is read from the drafting server's own Prometheus counters, as deltas around each
 prompt set, so it is the engine's measurement, not ours. τ here is the **pooled** mean
 acceptance length, ``1 + accepted draft tokens / drafts`` over all drafts of the set (not a mean
 of per-request τ).
@@ -13,9 +13,11 @@ of per-request τ).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from draftsmith.config.target import Target
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.generation.client import ChatClient, RetryPolicy
+from draftsmith.training import families
 
 SPEC_PREFIX = "vllm:spec_decode_"
 log = logging.getLogger(__name__)
@@ -158,17 +161,27 @@ def root_of(base_url: str) -> str:
     return base_url.removesuffix("/v1")
 
 
-def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | None, cfg: dict):
-    """The baseline (``drafter`` None) or EAGLE-3 server for one engine."""
+def drafted_per_step(drafter: str, chain: int) -> tuple[str, int]:
+    """The exported drafter's family (its config's ``speculators_model_type``) and its draft tokens per
+    step: EAGLE-3's configured ``chain``, a block family's trained block."""
+    config = json.loads((Path(drafter) / "config.json").read_text())
+    family = config.get("speculators_model_type", families.DEFAULT_FAMILY)
+    return family, families.num_speculative_tokens(family, config, chain)
+
+
+def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | None = None, chain: int = 3):
+    """The baseline (``drafter`` None) or a server with the drafter, for one engine. ``chain``: EAGLE-3's
+    draft tokens per step (``evaluation.num_speculative_tokens``)."""
     from draftsmith.generation.server import spec_from_config
 
     if drafter is None:
         return spec_from_config(target, server_cfg, engine=engine)
-    k = cfg["num_speculative_tokens"]
+    family, k = drafted_per_step(drafter, chain)
     if engine == "vllm":
-        return spec_from_config(target, server_cfg, speculative_config={"method": "eagle3", "model": drafter,
-                                                                       "num_speculative_tokens": k})
-    # SGLang reads the SGLang export, drafting a chain of k tokens (top-k 1), after the user's SGLang flags.
+        return spec_from_config(target, server_cfg, speculative_config={
+            "method": families.VLLM_METHOD[family], "model": drafter, "num_speculative_tokens": k})
+    # SGLang reads the SGLang export (EAGLE-3 only), drafting a chain of k tokens (top-k 1), after the
+    # user's SGLang flags.
     return spec_from_config(target, server_cfg, engine="sglang", more_args=(
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", f"{drafter}/sglang",
         "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
@@ -176,7 +189,7 @@ def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | No
 
 
 def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str) -> dict:
-    """Throughput and acceptance of one prompt set on an EAGLE-3 server."""
+    """Throughput and acceptance of one prompt set on a drafting server."""
     root = root_of(base_url)
     before = scrape_spec_counters(root) if engine == "vllm" else {}
     result = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency)).as_dict()

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import yaml
 
 from draftsmith.data.datasets import hub_id
+from draftsmith.evaluation.report import FAMILY_NAMES
+from draftsmith.training.families import VLLM_METHOD
 
 
 @dataclass
@@ -24,14 +26,19 @@ class CardInputs:
     training: dict
     merge: dict
     prompts: dict[str, dict]
-    train_config: dict
+    train_config: dict  # the exported family's training settings
+    drafter_config: dict  # the exported config.json (layers, block size, mask token)
     sglang_reason: str | None  # None: the SGLang export is in sglang/
+
+    @property
+    def family(self) -> str:
+        return self.results.get("family", "eagle3")  # results from before families were EAGLE-3
 
 
 def front_matter(inputs: CardInputs) -> str:
     hub = sorted({h for entry in inputs.datasets.values() if (h := hub_id(entry["source"]))})
     meta = {"base_model": inputs.base_model, "library_name": "vllm",
-            "tags": ["speculative-decoding", "eagle3", "speculators", "draftsmith"],
+            "tags": ["speculative-decoding", inputs.family, "speculators", "draftsmith"],
             **({"datasets": hub} if hub else {}), "license": "other",
             "license_name": "same-as-base-model",
             "license_link": f"https://huggingface.co/{inputs.base_model}"}
@@ -39,7 +46,7 @@ def front_matter(inputs: CardInputs) -> str:
 
 
 def serving(inputs: CardInputs, k: int) -> list[str]:
-    spec = f'{{"method": "eagle3", "model": "<this folder>", "num_speculative_tokens": {k}}}'
+    spec = f'{{"method": "{VLLM_METHOD[inputs.family]}", "model": "<this folder>", "num_speculative_tokens": {k}}}'
     lines = ["## Serving", "", "vLLM (this folder, speculators format):", "", "```bash",
              f"vllm serve {inputs.base_model} --speculative-config '{spec}'", "```", ""]
     if inputs.sglang_reason is None:
@@ -48,8 +55,28 @@ def serving(inputs: CardInputs, k: int) -> list[str]:
                   f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
                   f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```"]
     else:
-        lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason}); "
-                  "train with `train.architecture: eagle3` for one."]
+        lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason})."]
+    return lines
+
+
+def pick(results: dict) -> list[str]:
+    """Why this family is the one published, with every family's figures beside it."""
+    chosen, rows = results.get("pick"), results.get("families") or []
+    if not chosen or len(rows) < 2:
+        return []
+    lines = ["## Why this family", "",
+             f"draftsmith trained {', '.join(FAMILY_NAMES[r['family']] for r in rows)} from the same data and "
+             f"served each on the same prompts; this one had the {chosen['why']}. Measured (mean over prompt sets "
+             "and temperatures):", "", "| family | τ (pooled) | speed-up |", "|---|---:|---:|"]
+    for row in rows:
+        if not row["served"]:
+            lines.append(f"| {FAMILY_NAMES[row['family']]} | not served here | – |")
+            continue
+        taus = [r["tau"] for r in row["runs"] if r["tau"] is not None]
+        speedups = [r["speedup"] for r in row["runs"] if r["speedup"] is not None]
+        tau = f"{sum(taus) / len(taus):.3f}" if taus else "–"
+        speedup = f"{sum(speedups) / len(speedups):.2f}×" if speedups else "–"
+        lines.append(f"| {FAMILY_NAMES[row['family']]} | {tau} | {speedup} |")
     return lines
 
 
@@ -91,25 +118,36 @@ def training_data(inputs: CardInputs) -> list[str]:
 
 def recipe(inputs: CardInputs) -> list[str]:
     t, tr = inputs.train_config, inputs.training
+    model = _eagle3_model(t) if inputs.family == "eagle3" else _block_model(t, tr, inputs.drafter_config)
     chosen = tr.get("chosen", {})
     epoch = chosen.get("epoch")
-    head = "trained" if t["train_lm_head"] else "frozen (the target's)"
     storage = tr["hidden_states"].get("storage")
     if tr["hidden_states"].get("mode") == "online":
         stored = ", hidden states online (never stored)"
     else:  # runs from before storage was a choice stored bf16, unsaid
         stored = f", their hidden states stored in {storage}" if storage else ""
     return ["## Recipe", "",
-            f"speculators EAGLE-3, {t['num_layers']} draft layer(s), `{t['architecture']}` architecture, "
-            f"{t['epochs']} epochs, lr {t['lr']}, {t['optimizer']}, {t['scheduler']} schedule, TTT {t['ttt_steps']} "
-            f"steps (decay {t['ttt_step_loss_decay']}), sequence length {t['total_seq_len']}, loss `{t['loss_fn']}`, "
-            f"draft LM head {head}; target layers {tr['hidden_states']['aux_layers']}"
-            f"{stored}; "
+            f"speculators {FAMILY_NAMES[inputs.family]}, {model}, {t['epochs']} epochs, lr {t['lr']}, "
+            f"{t['optimizer']}, {t['scheduler']} schedule, sequence length {t['total_seq_len']}; target layers "
+            f"{tr['hidden_states']['aux_layers']}{stored}; "
             + ("warm start from `" + tr["warm_start"]["source"] + "`" if tr.get("warm_start") else "from scratch")
             + f". Exported epoch {epoch + 1 if epoch is not None else '–'} ({chosen.get('reason', '–')})."
             + _trainer(tr.get("trainer")),
             "", f"Config digest: `{inputs.config_digest}` (what the results depend on; operational settings "
             "excluded)."]
+
+
+def _eagle3_model(t: dict) -> str:
+    head = "trained" if t["train_lm_head"] else "frozen (the target's)"
+    return (f"{t['num_layers']} draft layer(s), `{t['architecture']}` architecture, TTT {t['ttt_steps']} steps "
+            f"(decay {t['ttt_step_loss_decay']}), loss `{t['loss_fn']}`, draft LM head {head}")
+
+
+def _block_model(t: dict, training: dict, drafter: dict) -> str:
+    layers = drafter["transformer_layer_config"]["num_hidden_layers"]
+    why = (training.get("mask_token") or {}).get("why")
+    return (f"{layers} draft layer(s), blocks of {drafter['block_size']} positions, mask token "
+            f"{drafter['mask_token_id']}{f' ({why})' if why else ''}, loss `{t['loss_fn'] or 'speculators recipe'}`")
 
 
 def _trainer(choice: dict | None) -> str:
@@ -121,14 +159,19 @@ def _trainer(choice: dict | None) -> str:
             f"{'compiled' if choice['compile'] else 'not compiled'}: {choice['reason']}.")
 
 
+def _section(lines: list[str]) -> list[str]:
+    return [*lines, ""] if lines else []
+
+
 def card(inputs: CardInputs) -> str:
     k = inputs.results["num_speculative_tokens"]
     lines = [front_matter(inputs),
-             f"# EAGLE-3 drafter for {inputs.base_model}", "",
+             f"# {FAMILY_NAMES[inputs.family]} drafter for {inputs.base_model}", "",
              f"A speculative-decoding drafter trained by draftsmith with "
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
              f"`{inputs.base_model}`. The license of the base model applies.", "",
-             *serving(inputs, k), "", *results_table(inputs.results), "", *training_data(inputs), "",
+             *serving(inputs, k), "", *results_table(inputs.results), "", *_section(pick(inputs.results)),
+             *training_data(inputs), "",
              *recipe(inputs), "",
              "## Reproduce", "", "```bash", "./run.sh --configfile <the config this run used>",
              "```", "", "The same config digest means the same data, split and recipe.", ""]

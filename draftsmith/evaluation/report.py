@@ -64,7 +64,8 @@ def plot(results: dict, out: Path) -> None:
             label="baseline")
     for i, label in enumerate(drafters, start=1):
         ax2.bar([x - 0.4 + width / 2 + i * width for x in xs],
-                [r["drafters"][label]["output_tok_s"] or 0 for r in runs], width, label=f"EAGLE-3 {label}")
+                [r["drafters"][label]["output_tok_s"] or 0 for r in runs], width,
+                label=f"{family_name(results)} {label}")
     ax2.set_xticks(list(xs), [_label(r) for r in runs], rotation=20, fontsize=8)
     ax2.set(title="Output throughput", ylabel="output tok/s")
     ax2.legend(fontsize=8)
@@ -72,31 +73,96 @@ def plot(results: dict, out: Path) -> None:
     _save(fig, out)
 
 
-def ttt_steps(epochs: list[dict]) -> list[int]:
-    return sorted(int(k.split("_")[2]) for k in (epochs[0] if epochs else {})
-                  if k.startswith("full_acc_") and k.endswith("_epoch"))
+def accuracy_columns(epochs: list[dict]) -> list[tuple[str, str]]:
+    """The validation accuracies per draft step: EAGLE-3's ``full_acc_k`` (the first k+1 drafted tokens
+    all right), a block family's ``position_k_acc`` (position k of the block right)."""
+    first = epochs[0] if epochs else {}
+    steps = sorted(int(k.split("_")[2]) for k in first if k.startswith("full_acc_") and k.endswith("_epoch"))
+    if steps:
+        return [(f"full_acc_{k}_epoch", f"full_acc_{k}") for k in steps]
+    positions = sorted(int(k.split("_")[1]) for k in first if k.startswith("position_") and k.endswith("_acc_epoch"))
+    return [(f"position_{k}_acc_epoch", f"position_{k}_acc") for k in positions]
 
 
 def plot_training(training: dict, out: Path) -> None:
-    """Validation accuracy per TTT step and simulated τ across epochs; the exported epoch marked."""
+    """Validation accuracy per draft step and simulated τ across epochs; the exported epoch marked."""
     plt = _pyplot()
     validation = training.get("validation", [])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     epochs = [e["epoch"] + 1 for e in validation]
-    for step in ttt_steps(validation):
-        ax1.plot(epochs, [e[f"full_acc_{step}_epoch"] for e in validation], marker="o", label=f"step {step}")
-    ax1.set(title="Drafter validation accuracy", xlabel="epoch", ylabel="full_acc (prefix all correct)")
+    for key, label in accuracy_columns(validation):
+        ax1.plot(epochs, [e[key] for e in validation], marker="o", label=label)
+    ax1.set(title=f"{family_name(training)} validation accuracy", xlabel="epoch", ylabel="accuracy")
     ax1.legend()
     ax2.plot(epochs, [e.get("simulated_tau") for e in validation], marker="o", color="tab:purple")
     chosen = training.get("chosen", {}).get("epoch")
     if chosen is not None:
         ax2.axvline(chosen + 1, color="grey", linestyle="--", label=f"exported: epoch {chosen + 1}")
         ax2.legend()
-    ax2.set(title="Simulated τ (1 + Σ full_acc)", xlabel="epoch", ylabel="τ")
+    ax2.set(title="Simulated τ", xlabel="epoch", ylabel="τ")
     for ax in (ax1, ax2):
         ax.set_xticks(epochs)
     fig.tight_layout()
     _save(fig, out)
+
+
+FAMILY_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
+
+
+def family_name(record: dict) -> str:
+    """The family a training summary or evaluation is of (runs from before families were EAGLE-3)."""
+    return FAMILY_NAMES.get(record.get("family", "eagle3"), record.get("family"))
+
+
+def plot_families(results: dict, out: Path) -> None:
+    """Every trained family side by side: τ and speed-up per prompt set and temperature."""
+    plt = _pyplot()
+    rows = results.get("families") or []
+    served = [r for r in rows if r["served"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    labels = [_label(r) for r in (served[0]["runs"] if served else [])]
+    width = 0.8 / max(1, len(served))
+    for i, row in enumerate(served):
+        xs = [x - 0.4 + width / 2 + i * width for x in range(len(labels))]
+        ax1.bar(xs, [r["tau"] or 0 for r in row["runs"]], width, label=FAMILY_NAMES[row["family"]])
+        ax2.bar(xs, [r["speedup"] or 0 for r in row["runs"]], width, label=FAMILY_NAMES[row["family"]])
+    for ax, title, ylabel in ((ax1, "Acceptance length τ (pooled)", "τ"), (ax2, "Speed-up over the target alone",
+                                                                           "× baseline tok/s")):
+        ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
+        ax.set(title=title, ylabel=ylabel)
+        if served:
+            ax.legend(fontsize=8)
+    ax2.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    unserved = [f"{FAMILY_NAMES[r['family']]}: not served here" for r in rows if not r["served"]]
+    if unserved:
+        fig.text(0.5, 0.01, "; ".join(unserved), ha="center", fontsize=8)
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def _families(results: dict) -> list[str]:
+    """The side-by-side table of every trained family, and the pick."""
+    rows, chosen = results.get("families") or [], results.get("pick") or {}
+    if not rows:
+        return []
+    by = "speed-up" if chosen.get("by") == "speedup" else "τ"
+    lines = ["## Drafter families", "",
+             f"**Picked: {FAMILY_NAMES[chosen['family']]}** by {by}: {chosen['why']}. Every family was trained from "
+             "the same hidden states and vocabulary and measured on the same prompt sets, temperatures and "
+             "concurrency; the others are in `results/drafters/{family}/`.", "",
+             "| family | prompt set | T | drafts/step | τ (pooled) | acceptance by position | tok/s | speed-up | "
+             "training time | drafter size |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    for row in rows:
+        size, train = f"{row['drafter_bytes'] / 2**20:.1f} MiB", _minutes(row["train_s"])
+        name = FAMILY_NAMES[row["family"]] + (" ✔" if row["family"] == chosen["family"] else "")
+        if not row["served"]:
+            lines.append(f"| {name} | – | – | – | not served here | {row['reason']} | – | – | {train} | {size} |")
+        for run in row["runs"]:
+            per_pos = ", ".join(_fmt(r) for r in run["acceptance_rate_per_position"])
+            lines.append(f"| {name} | {run['set']} | {run['temperature']:g} | {row['num_speculative_tokens']} | "
+                         f"{_fmt(run['tau'], '.3f')} | {per_pos} | {_fmt(run['output_tok_s'], '.1f')} | "
+                         f"{_fmt(run['speedup'], '.2f')}× | {train} | {size} |")
+    return lines
 
 
 def _minutes(seconds: float | None) -> str:
@@ -115,9 +181,9 @@ def _evaluation(results: dict) -> list[str]:
         "drafters: " + ", ".join(f"{k} `{v}`" for k, v in results["drafters"].items())
         + _compute(results.get("compute")), "",
         "τ is the **pooled** mean acceptance length, 1 + accepted draft tokens / drafts over every draft "
-        "of the set, from the EAGLE-3 server's `/metrics` counter deltas.", "",
+        f"of the set, from the {family_name(results)} server's `/metrics` counter deltas.", "",
         "| prompt set | T | prompts | drafter | τ (pooled) | acceptance by position | baseline tok/s | "
-        "EAGLE-3 tok/s | speed-up |", "|---|---:|---:|---|---:|---|---:|---:|---:|"]
+        "drafter tok/s | speed-up |", "|---|---:|---:|---|---:|---|---:|---:|---:|"]
     for run in results["runs"]:
         for label, measured in run["drafters"].items():
             acc = measured["acceptance"]
@@ -131,7 +197,7 @@ def _evaluation(results: dict) -> list[str]:
 
 def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     validation = training.get("validation", [])
-    steps = ttt_steps(validation)
+    columns = accuracy_columns(validation)
     chosen = training.get("chosen", {})
     hs = training.get("hidden_states", {})
     warm = training.get("warm_start")
@@ -141,7 +207,8 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     start = f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."
     exported = chosen["epoch"] + 1 if chosen.get("epoch") is not None else None
     lines = ["## Drafter training", "",
-             f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators EAGLE-3"
+             f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators "
+             f"{family_name(training)}"
              f"{' on CPU' if training['on_cpu'] else ''}{_compute(training.get('compute'))}; hidden states "
              f"**{hs.get('mode')}**{layout}, target layers {hs.get('aux_layers')}.{start}"
              + (f" {training['rows_without_hidden_states']} rows left out: their hidden-state extraction failed."
@@ -152,22 +219,28 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
              f"(d2t sha256 `{vocab['d2t_sha256'][:12]}…`).", "",
              *_trainer(training), "",
              f"**Exported: epoch {_fmt(exported, 'd')}** "
-             f"({chosen.get('reason', '–')}). Export gate: {'passed' if gate.get('passed') else 'FAILED'}, "
-             f"{gate.get('verdict', '–')}.", "",
-             "Validation per epoch (full_acc_k: the first k+1 drafted tokens all match the target; simulated "
-             "τ = 1 + Σ full_acc_k; training time: wall time from the start of training to that validation, "
+             f"({chosen.get('reason', '–')}). Export gate: {_gate(gate)}, {gate.get('verdict', '–')}.", "",
+             "Validation per epoch (full_acc_k: the first k+1 drafted tokens all match the target, simulated "
+             "τ = 1 + Σ full_acc_k; position_k_acc: position k of a drafted block matches, simulated τ = the mean "
+             "accepted run per block + 1; training time: wall time from the start of training to that validation, "
              "the time to quality):", "",
-             "| epoch | loss | " + " | ".join(f"full_acc_{k}" for k in steps) + " | simulated τ | training time "
+             "| epoch | loss | " + " | ".join(label for _, label in columns) + " | simulated τ | training time "
              "| exported |",
-             "|---:|---:|" + "---:|" * len(steps) + "---:|---:|:---:|"]
+             "|---:|---:|" + "---:|" * len(columns) + "---:|---:|:---:|"]
     if not validation:
         lines.append("| – | no validation metrics were recorded | |")
     for e in validation:
         mark = "✔" if e["epoch"] == chosen.get("epoch") else ""
         lines.append(f"| {e['epoch'] + 1} | {_fmt(e.get('loss_epoch'), '.3f')} | "
-                     + " | ".join(_fmt(e.get(f"full_acc_{k}_epoch"), ".3f") for k in steps)
+                     + " | ".join(_fmt(e.get(key), ".3f") for key, _ in columns)
                      + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {_minutes(e.get('train_s'))} | {mark} |")
     return lines
+
+
+def _gate(gate: dict) -> str:
+    if gate.get("served") is False:
+        return "not served here"
+    return "passed" if gate.get("passed") else "FAILED"
 
 
 PHASES = [("launch_s", "launch"), ("build_s", "model and data built"), ("first_step_s", "first step"),
@@ -223,9 +296,14 @@ def _generation(generation_stats: dict[str, dict]) -> list[str]:
     return lines
 
 
-def markdown(inputs: Inputs, plot_name: str, training_plot_name: str) -> str:
+def _with_plot(section: list[str], image: str) -> list[str]:
+    return [*section, "", image, ""] if section else []
+
+
+def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_plot_name: str) -> str:
     lines = ["# draftsmith report", "", *_evaluation(inputs.results), "",
-             f"![acceptance and throughput]({plot_name})", "",
+             f"![acceptance and throughput]({plot_name})", "", *_with_plot(_families(inputs.results),
+                                                                         f"![drafter families]({families_plot_name})"),
              *_training(inputs.training, inputs.vocab, inputs.gate), "", f"![training]({training_plot_name})", "",
              *_data(inputs.prompts, inputs.merge), "", *_generation(inputs.generation), ""]
     if not inputs.results.get("on_accelerator"):
@@ -243,12 +321,13 @@ def evaluation_rows(results: dict) -> list[dict]:
             rows.append({"prompt_set": run["set"], "temperature": run["temperature"], "prompts": run["prompts"],
                          "drafter": label, "tau_pooled": acc["tau_pooled"],
                          "acceptance_by_position": " ".join(f"{r:.3f}" for r in acc["acceptance_rate_per_position"]),
-                         "baseline_tok_s": run["baseline"]["output_tok_s"], "eagle3_tok_s": measured["output_tok_s"],
+                         "baseline_tok_s": run["baseline"]["output_tok_s"], "drafter_tok_s": measured["output_tok_s"],
                          "speedup": measured["speedup"]})
     return rows
 
 
-def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: Path, tsv_out: Path) -> None:
+def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: Path, families_png_out: Path,
+                 tsv_out: Path) -> None:
     import csv
     import io
 
@@ -260,4 +339,5 @@ def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: 
     write_text(tsv_out, buffer.getvalue())
     plot(inputs.results, png_out)
     plot_training(inputs.training, training_png_out)
-    write_text(md_out, markdown(inputs, png_out.name, training_png_out.name))
+    plot_families(inputs.results, families_png_out)
+    write_text(md_out, markdown(inputs, png_out.name, training_png_out.name, families_png_out.name))

@@ -19,6 +19,7 @@ from draftsmith.config.target import Facts
 from draftsmith.core import jsonl
 from draftsmith.core.units import TB, human_bytes
 from draftsmith.generation.generate import journals_of
+from draftsmith.training import families
 
 BYTES_PER_VALUE = 2  # bf16
 
@@ -82,12 +83,14 @@ def plan_dataset(name: str, entry: dict, prompts: list, prompt_tokens: float, fr
 class Throughput:
     generation_tok_s: float | None
     extraction_tok_s: float | None
-    training_tok_s: float | None
+    training_tok_s: dict[str, float]  # per drafter family: a DFlash of 5 layers trains slower than EAGLE-3's 1
     sources: dict
 
 
-def measured_throughput(results: Path, configured: dict) -> Throughput:
-    """Configured figures win; else tokens per second of earlier runs' jobs (results/timings)."""
+def measured_throughput(results: Path, configured: dict, trained: list[str] = (families.DEFAULT_FAMILY,)) \
+        -> Throughput:
+    """Configured figures win; else tokens per second of earlier runs' jobs (results/timings), training
+    per family of ``trained``."""
     def timing(path: Path) -> float | None:
         if not path.exists():
             return None
@@ -100,22 +103,36 @@ def measured_throughput(results: Path, configured: dict) -> Throughput:
            for p in (results / "responses").glob("*.stats.json")]
     hs = [(json.loads(p.read_text())["tokens"], timing(results / "timings" / "hidden_states" / f"{p.parent.name}.tsv"))
           for p in (results / "hidden_states").glob("*/manifest.json")]
-    training = results / "train" / "training.json"
     for key, pairs in (("generation_tok_s", gen), ("extraction_tok_s", hs)):
         pairs = [(t, s) for t, s in pairs if s]
         if pairs:
             found[key], sources[key] = sum(t for t, _ in pairs) / sum(s for _, s in pairs), "measured (earlier run)"
-    seconds = timing(results / "timings" / "train.tsv")
-    if training.exists() and seconds:
-        summary = json.loads(training.read_text())
-        tokens = summary.get("trained_tokens")
+    training = {}
+    for family in trained:
+        summary, seconds = results / "train" / family / "training.json", timing(results / "timings" /
+                                                                               f"train_{family}.tsv")
+        tokens = json.loads(summary.read_text()).get("trained_tokens") if summary.exists() and seconds else None
         if tokens:
-            found["training_tok_s"], sources["training_tok_s"] = tokens / seconds, "measured (earlier run)"
+            training[family], sources[f"training_tok_s.{family}"] = tokens / seconds, "measured (earlier run)"
     for key, value in configured.items():
-        if value is not None:
+        if value is None:
+            continue
+        if key == "training_tok_s":
+            training.update(dict.fromkeys(trained, value))
+            sources.update(dict.fromkeys((f"training_tok_s.{f}" for f in trained), "configured"))
+        else:
             found[key], sources[key] = value, "configured"
-    return Throughput(found.get("generation_tok_s"), found.get("extraction_tok_s"), found.get("training_tok_s"),
-                      sources)
+    return Throughput(found.get("generation_tok_s"), found.get("extraction_tok_s"), training, sources)
+
+
+def drafter_parameters(family: str, facts: Facts, layers: int, draft_vocab: int) -> int:
+    """About how many parameters the drafter holds on the serving GPU beside the target (the target's
+    embedding is shared): its decoder layers at the target's width (an EAGLE-3 layer's q, k and v read
+    the embedding and the hidden state, twice the width), the fc over the three target layers, and the
+    draft LM head. An upper bound: grouped-query attention makes k and v narrower."""
+    h = facts.hidden_size
+    attention = (7 if family == families.DEFAULT_FAMILY else 4) * h * h
+    return layers * (attention + 3 * h * facts.intermediate_size) + 3 * h * h + draft_vocab * h
 
 
 def _hours(tokens: float, rate: float | None) -> str:
@@ -138,7 +155,7 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
              f"Target: {facts.num_layers} layers, hidden size {facts.hidden_size}, vocabulary {facts.vocab_size}. "
              f"Hidden states **{hs_cfg['mode']}**"
              + ("" if hs_cfg["mode"] == "online" else f" ({hs_cfg['layout']}, {storage})")
-             + f"; {train['epochs']} training epochs.", "",
+             + f"; drafter families {', '.join(train['families'])}.", "",
              "| dataset | prompts | samples | completion tokens / sample | completion tokens | sequence tokens | "
              f"hidden states (shards, {storage}) |", "|---|---:|---:|---|---:|---:|---:|"]
     for p in plans:
@@ -150,12 +167,14 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
                config["server"]["gpus"]),
               ("hidden_states", 0 if hs_cfg["mode"] == "online" else sequence, "sequence tokens",
                throughput.extraction_tok_s, "extraction_tok_s", config["server"]["gpus"]),
-              ("train", sequence * train["epochs"], "sequence tokens x epochs", throughput.training_tok_s,
-               "training_tok_s", train["gpus"] + (config["server"]["gpus"] if hs_cfg["mode"] == "online" else 0))]
+              *((f"train {family}", sequence * families.settings(train, family)["epochs"],
+                 "sequence tokens x epochs", throughput.training_tok_s.get(family), f"training_tok_s.{family}",
+                 train["gpus"] + (config["server"]["gpus"] if hs_cfg["mode"] == "online" else 0))
+                for family in train["families"])]
     for name, work, unit, rate, key, gpus in stages:
         hours = work / rate / 3600 if rate else None
         money = f"{hours * gpus * cost:,.0f}" if hours is not None and cost and gpus else "–"
-        source = throughput.sources.get(key, "set plan.throughput." + key)
+        source = throughput.sources.get(key, "set plan.throughput." + key.split(".")[0])
         lines.append(f"| {name} | {work:,.0f} {unit} | {f'{rate:,.0f} tok/s' if rate else 'unknown'} ({source}) | "
                      f"{_hours(work, rate)} | {money} |")
     lines += ["", "## Disk", "",
@@ -180,6 +199,23 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
             "free_bytes": free_bytes, "fits": fits,
             "datasets": {p.name: p.__dict__ for p in plans}}
     return "\n".join(lines) + "\n", plan
+
+
+def drafters_section(facts: Facts, config: dict, results: Path) -> list[str]:
+    """Each family's drafter as the serving GPUs hold it (bf16), estimated, and measured where an earlier
+    run exported one."""
+    train, draft_vocab = config["train"], min(config["vocab"]["draft_vocab_size"], facts.vocab_size)
+    lines = ["", "## Drafters at serving", "", "| family | draft layers | parameters (≈) | GPU memory, bf16 (≈) | "
+             "exported earlier |", "|---|---:|---:|---:|---:|"]
+    for family in train["families"]:
+        settings = families.settings(train, family)
+        layers = settings["num_layers"] or families.SPECULATORS_LAYERS
+        params = drafter_parameters(family, facts, layers, draft_vocab) if facts.intermediate_size else None
+        exported = results / "drafters" / family / "final.safetensors"
+        estimate = f"{params / 1e6:,.0f} M | {human_bytes(2 * params)}" if params else "– | –"
+        lines.append(f"| {family} | {layers} | {estimate} | "
+                     f"{human_bytes(exported.stat().st_size) if exported.exists() else '–'} |")
+    return lines
 
 
 def free_space(results: Path, configured_tb: float | None) -> tuple[float, str]:

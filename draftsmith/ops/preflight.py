@@ -14,7 +14,7 @@ from pathlib import Path
 from draftsmith.config.layers import aux_layer_problem, default_aux_layers
 from draftsmith.config.target import Facts, Target
 from draftsmith.ops import devices
-from draftsmith.training import probe
+from draftsmith.training import families, probe
 
 
 class PreflightError(ValueError):
@@ -28,6 +28,13 @@ def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) 
     if facts is not None:
         found += _against_target(config, facts)
     return found
+
+
+def notices(config: dict) -> list[str]:
+    """What will run differently from what the config asks, said before any work (not an error)."""
+    on_gpus = config["server"]["gpus"] > 0
+    return [f"train.families: {family}: {why}" for family in config["train"]["families"]
+            if (why := families.not_served_here(family, on_gpus=on_gpus))]
 
 
 def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> None:
@@ -111,6 +118,13 @@ def _lengths(config: dict) -> list[str]:
     if aux is not None and len(set(aux)) != len(aux):
         found.append(f"hidden_states.aux_layers {aux} repeats a layer")
     train = config["train"]
+    blocks = [f for f in train["families"] if f != families.DEFAULT_FAMILY]
+    if blocks and config["evaluation"]["engine"] == "sglang":
+        found.append(f"evaluation.engine sglang evaluates EAGLE-3 drafters here; train.families has "
+                     f"{', '.join(blocks)} (evaluate them with vllm)")
+    if blocks and config["export"]["sglang"] is True:
+        found.append(f"export.sglang true exports EAGLE-3's SGLang layout; train.families has {', '.join(blocks)} "
+                     "(set export.sglang: auto, which exports what SGLang can load)")
     if config["export"]["sglang"] is True and not train["from_pretrained"]:
         if train["architecture"] != "eagle3":
             found.append("export.sglang needs train.architecture eagle3: SGLang's LlamaForCausalLMEagle3 has none of "

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from draftsmith.config.load import WORKFLOW_DIR, from_snakemake_args
+from draftsmith.config.load import WORKFLOW_DIR, from_snakemake_args, result_view
 from draftsmith.config.snakemake_args import parse as parse_snakemake_args
 from draftsmith.core import jsonl
 from draftsmith.core.units import human_bytes
 from draftsmith.generation.generate import JOURNAL_DIR, journals_of
+from draftsmith.training import families
 
 CACHE = Path(".snakemake/draftsmith-status.json")
 FINAL = ("results/drafter/final.safetensors", "results/drafter/README.md", "results/report/report.md")
@@ -156,6 +157,7 @@ def dataset_status(name: str, entry: dict, cache: dict) -> DatasetStatus:
 
 @dataclass
 class TrainingStatus:
+    family: str
     run: str | None = None
     epochs_validated: int = 0
     epochs: int | None = None
@@ -164,18 +166,19 @@ class TrainingStatus:
     done: bool = False
 
 
-def training_status(epochs: int) -> TrainingStatus:
+def training_status(family: str, epochs: int) -> TrainingStatus:
+    """One family's training: its latest run's validated epochs and best simulated τ, its last step."""
     from draftsmith.training.train import read_validation, simulated_tau
 
-    st = TrainingStatus(epochs=epochs, done=Path("results/train/training.json").exists())
-    runs = sorted(Path("results/train_runs").glob("*/validation.jsonl"), key=lambda p: p.stat().st_mtime)
+    st = TrainingStatus(family, epochs=epochs, done=Path(f"results/train/{family}/training.json").exists())
+    runs = sorted(Path(f"results/train_runs/{family}").glob("*/validation.jsonl"), key=lambda p: p.stat().st_mtime)
     if runs:
         validation = read_validation(runs[-1])
         st.run = runs[-1].parent.name
         st.epochs_validated = len(validation)
         st.best_simulated_tau = max((simulated_tau(v) for v in validation), default=None)
     if not st.done:
-        steps = logged_steps(log_tail(Path("logs/train.log"), 65536))
+        steps = logged_steps(log_tail(Path(f"logs/train/{family}.log"), 65536))
         st.global_step = steps[-1] if steps else None
     return st
 
@@ -200,7 +203,7 @@ def running_jobs() -> list[str]:
 @dataclass
 class Status:
     datasets: list[DatasetStatus]
-    training: TrainingStatus
+    training: list[TrainingStatus]
     running: list[str]
     missing: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -214,7 +217,9 @@ def collect(config: dict) -> Status:
         tmp = CACHE.with_suffix(".partial")
         tmp.write_text(json.dumps(cache))
         tmp.replace(CACHE)
-    status = Status(datasets, training_status(config["train"]["epochs"]), running_jobs(),
+    train = result_view(config)["train"]
+    training = [training_status(f, families.settings(train, f)["epochs"]) for f in train["families"]]
+    status = Status(datasets, training, running_jobs(),
                     [p for p in FINAL if not Path(p).exists()])
     status.seconds = time.monotonic() - started
     return status
@@ -236,11 +241,11 @@ def render(status: Status) -> str:
         state = "done" if d.hidden_states_done else (d.hidden_states_progress or "")
         lines.append(f"  {d.name:<26} {_n(d.hidden_state_rows):>6} / {_n(d.hidden_state_total):<8} "
                      f"{human_bytes(d.hidden_state_bytes):>11}  {state}")
-    t = status.training
-    tau = f"{t.best_simulated_tau:.3f}" if t.best_simulated_tau is not None else "–"
-    lines.append(f"training: {'done' if t.done else 'run ' + (t.run or '–')}, {t.epochs_validated} of {t.epochs} "
-                 f"epochs validated, best simulated τ {tau}"
-                 + (f"; optimizer step {t.global_step}" if t.global_step is not None else ""))
+    for t in status.training:
+        tau = f"{t.best_simulated_tau:.3f}" if t.best_simulated_tau is not None else "–"
+        lines.append(f"training {t.family}: {'done' if t.done else 'run ' + (t.run or '–')}, {t.epochs_validated} "
+                     f"of {t.epochs} epochs validated, best simulated τ {tau}"
+                     + (f"; optimizer step {t.global_step}" if t.global_step is not None else ""))
     lines.append("running now: " + ("; ".join(status.running) if status.running else "nothing"))
     lines.append("still missing: " + (", ".join(status.missing) if status.missing else "nothing"))
     return "\n".join(lines)

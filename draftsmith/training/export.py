@@ -1,8 +1,10 @@
 """Export a trained drafter for the engines that serve it, and check it there before calling it done.
 
 - **vLLM**: speculators' own format (``config.json`` with ``speculators_config``, weights with
-  ``d2t``/``t2d``), the verifier named by its hub id (or a relative path) so the folder moves.
-- **SGLang**: the layout SGLang's ``LlamaForCausalLMEagle3`` loads (and SpecForge writes): a
+  ``d2t``/``t2d``), the verifier named by its hub id (or a relative path) so the folder moves. Every
+  family (EAGLE-3, DFlash, DSpark); a block drafter whose attention vLLM would serve differently from
+  its training is refused (:func:`attention_refusal`).
+- **SGLang** (EAGLE-3 only): the layout SGLang's ``LlamaForCausalLMEagle3`` loads (and SpecForge writes): a
   ``LlamaConfig`` with ``draft_vocab_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``,
   the decoder layer named ``midlayer.*``, ``d2t``/``t2d`` alongside. SGLang's layer is the
   original EAGLE-3 one: a drafter trained with speculators' extra norms (``norm_before_residual``,
@@ -53,10 +55,26 @@ def check_drafter(weights: Path, config_path: Path) -> dict[str, list[int]]:
     return shapes
 
 
+def attention_refusal(config: dict) -> str | None:
+    """Why vLLM would serve this block drafter with other attention than it was trained with, or None.
+    speculators trains a full-attention draft layer bidirectionally inside each block; vLLM 0.32 serves
+    every layer causally there (vllm-project/vllm PR 56692, open): the drafts would be computed from a
+    mask the drafter never saw. Sliding-window layers carry their causality in the config, which vLLM reads."""
+    layer_types = config.get("transformer_layer_config", {}).get("layer_types") or []
+    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    if config.get("speculators_model_type", "eagle3") != "eagle3" and full:
+        return (f"draft layer(s) {full} use full attention, trained bidirectionally inside each block, which vLLM "
+                "serves causally (vllm PR 56692); train every layer with sliding-window attention")
+    return None
+
+
 def export_vllm(checkpoint: Path, weights_out: Path, config_out: Path, verifier_ref: str) -> dict:
     """Copy the checkpoint to the drafter folder with a portable verifier reference, and check it."""
     check_drafter(checkpoint / "model.safetensors", checkpoint / "config.json")
     config = json.loads((checkpoint / "config.json").read_text())
+    refusal = attention_refusal(config)
+    if refusal:
+        raise ExportRefused(f"{checkpoint}: not exported for vLLM: {refusal}")
     config["speculators_config"]["verifier"]["name_or_path"] = verifier_ref
     with atomic_path(weights_out) as tmp:
         shutil.copyfile(checkpoint / "model.safetensors", tmp)
@@ -66,6 +84,9 @@ def export_vllm(checkpoint: Path, weights_out: Path, config_out: Path, verifier_
 
 def sglang_refusal(config: dict) -> str | None:
     """Why SGLang's LlamaForCausalLMEagle3 would not compute this drafter, or None."""
+    family = config.get("speculators_model_type", "eagle3")
+    if family != "eagle3":
+        return f"a {family} drafter: the SGLang export here is EAGLE-3's layout ({SGLANG_ARCHITECTURE})"
     flags = [k for k in UNSUPPORTED_BY_SGLANG if config.get(k)]
     if flags:
         return (f"the drafter uses {', '.join(f'{k}=true' for k in flags)}, which SGLang's {SGLANG_ARCHITECTURE} "

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import atomic_path, write_json
+from draftsmith.training import families
 from draftsmith.training import speculators_patches as patches
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,15 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
                      from_pretrained: Path | None = None, hidden_states_backend: str = "file",
                      vllm_endpoint: str | None = None, dtype: str = "bfloat16",
                      trust_remote_code: bool = False, loss_implementation: str = "eager",
-                     compile_: bool = False) -> list[str]:
+                     compile_: bool = False, mask_token_id: int | None = None) -> list[str]:
     """speculators' training arguments, and draftsmith's own flags (removed before its parser sees
-    them): ``loss_implementation`` and ``compile_`` as :func:`draftsmith.training.probe.choose` decided."""
+    them): ``loss_implementation`` and ``compile_`` as :func:`draftsmith.training.probe.choose` decided.
+    ``cfg`` is one family's settings (:func:`draftsmith.training.families.settings`); a block family
+    needs its ``mask_token_id`` (:func:`choose_mask_token`)."""
+    family = cfg.get("family", families.DEFAULT_FAMILY)
     args: dict = {
         "hidden-states-dtype": dtype,
-        "speculator-type": "eagle3",
+        "speculator-type": family,
         "verifier-name-or-path": verifier,
         "data-path": str(data_dir),
         "save-path": str(save_dir),
@@ -85,9 +89,6 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         "weight-decay": cfg["weight_decay"],
         "scheduler-type": cfg["scheduler"],
         "total-seq-len": cfg["total_seq_len"],
-        "ttt-steps": cfg["ttt_steps"],
-        "ttt-step-loss-decay": cfg["ttt_step_loss_decay"],
-        "loss-fn": cfg["loss_fn"],
         "seed": cfg["seed"],
         "num-workers": num_workers,
         "checkpoint-freq": 1,
@@ -99,11 +100,12 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
                       ("warmup_ratio", "scheduler-warmup-ratio")):
         if cfg.get(key) is not None:
             args[flag] = cfg[key]
-    if from_pretrained:  # the checkpoint defines the draft model: its layers and architecture
-        args["from-pretrained"] = str(from_pretrained)
+    if family != families.DEFAULT_FAMILY:
+        args.update(_block_family_args(cfg, mask_token_id))
+    elif from_pretrained:  # the checkpoint defines the draft model: its layers and architecture
+        args.update({"from-pretrained": str(from_pretrained), **_eagle3_args(cfg)})
     else:
-        args["num-layers"] = cfg["num_layers"]
-        args["draft-arch"] = cfg["draft_arch"]
+        args.update({"num-layers": cfg["num_layers"], "draft-arch": cfg["draft_arch"], **_eagle3_args(cfg)})
     if vllm_endpoint:
         args.update({"vllm-endpoint": vllm_endpoint, "on-missing": "generate"})
     else:
@@ -113,12 +115,34 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
+    if family == families.DEFAULT_FAMILY:
+        argv += _eagle3_flags(cfg, from_pretrained)
+    return argv + (["--trust-remote-code"] if trust_remote_code else []) + ([] if compile_ else [NO_COMPILE])
+
+
+def _eagle3_args(cfg: dict) -> dict:
+    return {"ttt-steps": cfg["ttt_steps"], "ttt-step-loss-decay": cfg["ttt_step_loss_decay"], "loss-fn": cfg["loss_fn"]}
+
+
+def _eagle3_flags(cfg: dict, from_pretrained: Path | None) -> list[str]:
     model_flags = [] if from_pretrained else list(ARCHITECTURE_FLAGS[cfg["architecture"]])
     if cfg["fc_norm"] and not from_pretrained:
         # EAGLE-3.1's per-layer norm replaces the one norm before fc (speculators refuses both)
         model_flags += ["--fc-norm"] + ([] if NO_NORM_BEFORE_FC in model_flags else [NO_NORM_BEFORE_FC])
-    return argv + model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else []) + \
-        (["--trust-remote-code"] if trust_remote_code else []) + ([] if compile_ else [NO_COMPILE])
+    return model_flags + ([TRAIN_LM_HEAD] if cfg["train_lm_head"] else [])
+
+
+def _block_family_args(cfg: dict, mask_token_id: int | None) -> dict:
+    """DFlash and DSpark: speculators' own defaults where the settings leave a value out. Every draft
+    layer stays sliding-window and causal inside its block (speculators' default), which is what vLLM
+    serves (:func:`draftsmith.training.export.attention_refusal`)."""
+    if mask_token_id is None:
+        raise ValueError(f"a {cfg['family']} drafter needs a mask token id (choose_mask_token)")
+    args = {"mask-token-id": mask_token_id}
+    for key, flag in (("num_layers", "num-layers"), ("block_size", "block-size"), ("loss_fn", "loss-fn")):
+        if cfg.get(key) is not None:
+            args[flag] = cfg[key]
+    return args
 
 
 # How long torchrun waits for its ranks after passing on a stop signal before it kills them (its own
@@ -397,8 +421,11 @@ def read_validation(path: Path) -> list[dict]:
 
 
 def simulated_tau(metrics: dict) -> float:
-    """Expected acceptance length of chain drafting from validation accuracies:
-    ``1 + sum_k P(the first k+1 drafted tokens are all right)`` = ``1 + sum_k full_acc_k``."""
+    """Expected acceptance length from validation accuracies. EAGLE-3 (chain drafting):
+    ``1 + sum_k P(the first k+1 drafted tokens are all right)`` = ``1 + sum_k full_acc_k``. A block
+    family: speculators' own ``eal``, the mean accepted run per block plus the bonus token."""
+    if "eal_epoch" in metrics:
+        return metrics["eal_epoch"]
     steps = sorted(int(k.split("_")[2]) for k in metrics if k.startswith("full_acc_") and k.endswith("_epoch"))
     return 1.0 + sum(metrics[f"full_acc_{k}_epoch"] for k in steps)
 
@@ -416,6 +443,33 @@ def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dic
     tau, epoch = max(scored)
     return epochs[epoch], {"epoch": epoch, "simulated_tau": tau,
                            "reason": f"best simulated τ {tau:.3f} of {len(scored)} validated epochs"}
+
+
+def token_ids(merged: Path) -> set[int]:
+    """Every token id the tokenized data contains (prompts and answers, every split)."""
+    import pyarrow.compute as pc
+
+    column = pq.read_table(merged, columns=["input_ids"]).column("input_ids")
+    return set(pc.unique(pc.list_flatten(column)).to_pylist())
+
+
+def choose_mask_token(configured: int | None, tokenizer, vocab_size: int, used: set[int]) -> tuple[int, str]:
+    """The token a block drafter reads at the positions it drafts (DFlash's mask), and why. Its embedding
+    is the target's, frozen: a token the data also contains would make a drafted position look like
+    that token. In order: the configured id; the tokenizer's mask token; an embedding row past the
+    tokenizer's last token (never in any text); the last special token the tokenized data never
+    contains. speculators' own fallback, the pad id, is often the end-of-turn token, on every row."""
+    if configured is not None:
+        return configured, "configured"
+    if tokenizer.mask_token_id is not None:
+        return tokenizer.mask_token_id, f"the tokenizer's mask token {tokenizer.mask_token!r}"
+    if len(tokenizer) < vocab_size:
+        return len(tokenizer), f"an embedding row past the tokenizer's {len(tokenizer)} tokens"
+    unused = sorted((set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)) - used)
+    if not unused:
+        raise ValueError("no mask token for a block drafter: the tokenizer has no mask token, no spare embedding "
+                         "row, and the data contains every special token; set train.<family>.mask_token_id")
+    return unused[-1], f"special token {tokenizer.convert_ids_to_tokens(unused[-1])!r}, never in the data"
 
 
 def main() -> None:

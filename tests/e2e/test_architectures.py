@@ -53,7 +53,7 @@ def test_a_target_family_trains_a_drafter_with_thinking_on(arch, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(config_for(arch, target)))
     work = tmp_path / "work"
-    last = "results/drafter/final.safetensors" if arch in GATED else "results/hidden_states/everyday/manifest.json"
+    last = "results/drafters/eagle3/gate.json" if arch in GATED else "results/hidden_states/everyday/manifest.json"
     proc = snakemake(work, last, config=config)
     if proc.returncode != 0:
         logs = "\n".join(f"== {p}\n{p.read_text()[-2500:]}" for p in sorted((work / "logs").rglob("*.log")))
@@ -70,7 +70,7 @@ def test_a_target_family_trains_a_drafter_with_thinking_on(arch, tmp_path):
     assert manifest["aux_layers"] == [1, 2, 3] and manifest["backend"] == BACKENDS[arch]
     if arch not in GATED:
         return
-    drafter = json.loads((results / "drafter" / "config.json").read_text())
+    drafter = json.loads((results / "drafters" / "eagle3" / "config.json").read_text())
     assert drafter["speculators_config"]["verifier"]["name_or_path"] == f"tests/tiny-{arch}"
-    gate = json.loads((results / "drafter" / "gate.json").read_text())
+    gate = json.loads((results / "drafters" / "eagle3" / "gate.json").read_text())
     assert gate["passed"] and gate["acceptance"]["drafts"] > 0, gate  # vLLM served the drafter on this target

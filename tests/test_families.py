@@ -1,0 +1,150 @@
+"""Drafter families: each family's settings and trainer arguments, its mask token, and the pick."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from draftsmith.config.load import ConfigError, result_view, validate_config
+from draftsmith.evaluation import pick
+from draftsmith.training import families
+from draftsmith.training import train as tr
+from tests.test_config import MINIMAL
+
+
+def train_view(**train):
+    return result_view(validate_config({**MINIMAL, "train": train}))["train"]
+
+
+def test_a_family_has_its_own_settings_and_eagle3_keeps_its_key():
+    train = train_view(families=["eagle3", "dflash"], dflash={"block_size": 8, "num_layers": 1, "epochs": 5},
+                       epochs=2, ttt_steps=5)
+    eagle3, dflash = families.settings(train, "eagle3"), families.settings(train, "dflash")
+    # EAGLE-3's settings are train's keys as before families existed: its run key and params do not change.
+    assert eagle3 == families.settings(train_view(epochs=2, ttt_steps=5), "eagle3")
+    assert "families" not in eagle3 and "dflash" not in eagle3
+    assert (dflash["family"], dflash["block_size"], dflash["num_layers"], dflash["epochs"], dflash["lr"]) == \
+        ("dflash", 8, 1, 5, train["lr"])  # the block's own value over the shared one; null takes the shared
+    assert "ttt_steps" not in dflash and "architecture" not in dflash
+    # Adding a family or changing its block changes nothing of another's.
+    assert families.settings(train_view(families=["eagle3", "dspark"], epochs=2, ttt_steps=5,
+                                        dflash={"block_size": 4}), "eagle3") == eagle3
+
+
+@pytest.mark.parametrize("bad", [{"families": []}, {"families": ["eagle3", "eagle3"]}, {"families": ["medusa"]},
+                                 {"dflash": {"block_size": 1}}, {"dflash": {"ttt_steps": 3}}])
+def test_bad_family_settings_fail_validation(bad):
+    with pytest.raises(ConfigError):
+        validate_config({**MINIMAL, "train": bad})
+
+
+def resolve(argv):
+    from speculators.train.config import TrainConfig
+
+    import draftsmith.hidden_states.store  # noqa: F401 - registers the backend
+
+    return TrainConfig.resolve([a for a in argv if a not in tr.OWN_FLAGS]).flatten()
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+def test_a_block_family_trains_with_its_own_arguments(tmp_path, family):
+    cfg = families.settings(train_view(families=[family], **{family: {"block_size": 8, "num_layers": 2}}), family)
+    kw = {"verifier": "results/models/t", "data_dir": tmp_path, "save_dir": tmp_path, "d2t": tmp_path / "d2t.npy",
+          "t2d": tmp_path / "t2d.npy", "aux_layers": [2, 15, 27], "train_ratio": 0.9, "on_cpu": True,
+          "log_dir": tmp_path, "num_workers": 1}
+    with pytest.raises(ValueError, match="mask token"):
+        tr.speculators_args(cfg, **kw)
+    argv = tr.speculators_args(cfg, mask_token_id=7, **kw)
+    assert not {"--ttt-steps", "--draft-arch", "--no-norm-output", "--loss-fn"} & set(argv)
+    flat = resolve(argv)  # speculators' own parser takes them
+    assert (flat["speculator_type"], flat["block_size"], flat["num_layers"], flat["mask_token_id"]) == \
+        (family, 8, 2, 7)
+    assert flat["draft_attn_impl"] == "sdpa" and flat["sliding_window_non_causal"] is False
+    # Left unset, speculators' recipe applies.
+    default = resolve(tr.speculators_args(families.settings(train_view(families=[family]), family),
+                                          mask_token_id=7, **kw))
+    assert default["num_layers"] == 5 and default["block_size"] == families.SPECULATORS_BLOCK_SIZE[family]
+
+
+class Tokenizer(SimpleNamespace):
+    def __len__(self):
+        return self.size
+
+    def convert_ids_to_tokens(self, i):
+        return f"<special {i}>"
+
+
+def test_the_mask_token_is_never_a_token_the_data_contains():
+    smollm = Tokenizer(size=100, mask_token_id=None, mask_token=None, all_special_ids=[0, 1, 2],
+                       added_tokens_decoder={0: 0, 1: 1, 2: 2, 3: 3, 4: 4})
+    used = {0, 1, 2, 10, 11}  # end-of-turn (2) and pad are on every row
+    assert tr.choose_mask_token(None, smollm, 100, used)[0] == 4
+    assert tr.choose_mask_token(None, smollm, 128, used)[0] == 100  # a spare embedding row past the tokenizer
+    assert tr.choose_mask_token(42, smollm, 100, used) == (42, "configured")
+    with_mask = Tokenizer(**{**vars(smollm), "mask_token_id": 3, "mask_token": "<mask>"})
+    assert tr.choose_mask_token(None, with_mask, 100, used)[0] == 3
+    with pytest.raises(ValueError, match="mask_token_id"):
+        tr.choose_mask_token(None, smollm, 100, used | {3, 4})
+
+
+def test_a_block_family_is_scored_by_its_own_acceptance_length():
+    assert tr.simulated_tau({"eal_epoch": 2.5, "full_acc_0_epoch": 0.9}) == 2.5
+    assert tr.simulated_tau({"full_acc_0_epoch": 0.5, "full_acc_1_epoch": 0.25}) == 1.75
+    assert families.first_position_accuracy("dflash", {"position_1_acc_epoch": 0.4, "position_2_acc_epoch": 0.2}) \
+        == 0.4
+    assert families.num_speculative_tokens("dflash", {"block_size": 8}, 3) == 7
+    assert families.num_speculative_tokens("dspark", {"block_size": 8, "sample_from_anchor": True}, 3) == 8
+    assert families.num_speculative_tokens("eagle3", {}, 3) == 3
+
+
+def evaluation(speedups, taus):
+    runs = [{"set": f"s{i}", "temperature": 0.0, "drafters": {pick.FINETUNED: {
+        "output_tok_s": 10 * s, "speedup": s, "acceptance": {"tau_pooled": t, "acceptance_rate_per_position": [0.5]}}}}
+        for i, (s, t) in enumerate(zip(speedups, taus, strict=True))]
+    return {"runs": runs, "num_speculative_tokens": 3}
+
+
+def rows(by, **evaluations):
+    training = {"chosen": {"simulated_tau": 1.5}, "phases": {"done_s": 30.0}}
+    return [pick.summary(f, e, training, 1000, by) for f, e in evaluations.items()]
+
+
+def test_the_pick_takes_the_best_measured_family_and_says_by_how_much():
+    # Speed-ups are ratios: 2x on one set and 0.5x on another is no gain (geometric mean), not 1.25x.
+    eagle3, dflash = evaluation([1.2, 1.2], [1.5, 1.5]), evaluation([2.0, 0.5], [2.5, 1.2])
+    chosen, why = pick.choose(rows("speedup", eagle3=eagle3, dflash=dflash), "speedup")
+    assert chosen == "eagle3" and "+20.0% over dflash" in why
+    assert pick.choose(rows("tau", eagle3=eagle3, dflash=dflash), "tau")[0] == "dflash"
+    # A tie goes to the family listed first.
+    assert pick.choose(rows("speedup", dflash=eagle3, eagle3=eagle3), "speedup")[0] == "dflash"
+
+
+def test_a_family_not_served_here_is_never_picked_and_never_scored():
+    dspark = {"not_served": families.not_served_here("dspark", on_gpus=False), "runs": []}
+    table = rows("speedup", dspark=dspark, eagle3=evaluation([0.9], [1.1]))
+    assert table[0]["served"] is False and table[0]["score"] is None and "V2 model runner" in table[0]["reason"]
+    chosen, why = pick.choose(table, "speedup")
+    assert chosen == "eagle3" and "dspark not measured" in why
+    assert families.not_served_here("dspark", on_gpus=True) is None
+    # A drafter that drafted nothing has no τ: nothing to pick, and the message names each family's reason.
+    silent = evaluation([1.0], [None])
+    with pytest.raises(pick.NothingToPick, match="dspark: vLLM serves DSpark"):
+        pick.choose(rows("tau", dspark=dspark, eagle3=silent), "tau")
+
+
+def test_the_preflight_names_what_a_family_cannot_get_before_any_work(tmp_path):
+    from draftsmith.config.load import load_layers
+    from draftsmith.ops import preflight
+    from tests.test_config import DEFAULT, problems_of
+
+    both = {"train": {"families": ["eagle3", "dflash"]}}
+    assert problems_of(both, tmp_path) == []
+    found = problems_of({**both, "evaluation": {"engine": "sglang"}, "export": {"sglang": True},
+                         "train": {"families": ["eagle3", "dflash"], "architecture": "eagle3"}}, tmp_path)
+    assert any(p.startswith("evaluation.engine sglang evaluates EAGLE-3 drafters here; train.families has dflash")
+               for p in found), found
+    assert any(p.startswith("export.sglang true exports EAGLE-3's SGLang layout") for p in found), found
+    # DSpark is trained and exported on CPUs but served only by vLLM's V2 model runner: said before work.
+    dspark = validate_config(load_layers([DEFAULT], {"train": {"families": ["eagle3", "dspark"]}}))
+    assert preflight.notices(dspark) == [f"train.families: dspark: {families.not_served_here('dspark', False)}"]
+    dspark["server"]["gpus"] = 8
+    assert preflight.notices(dspark) == []
