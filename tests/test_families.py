@@ -30,6 +30,14 @@ def test_a_family_has_its_own_settings_and_eagle3_keeps_its_key():
                                         dflash={"block_size": 4}), "eagle3") == eagle3
 
 
+def test_the_config_offers_the_families_draftsmith_knows():
+    from draftsmith.config.load import SCHEMA
+
+    offered = SCHEMA["properties"]["train"]["properties"]["families"]["items"]["enum"]
+    assert offered == list(families.VLLM_METHOD) == list(families.DISPLAY_NAME)
+    assert set(offered) - {families.DEFAULT_FAMILY} == set(families.BLOCK_FAMILIES)
+
+
 @pytest.mark.parametrize("bad", [{"families": []}, {"families": ["eagle3", "eagle3"]}, {"families": ["medusa"]},
                                  {"dflash": {"block_size": 1}}, {"dflash": {"ttt_steps": 3}}])
 def test_bad_family_settings_fail_validation(bad):

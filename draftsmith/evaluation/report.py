@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
+from draftsmith.training.families import DEFAULT_FAMILY, DISPLAY_NAME
 
 
 @dataclass
@@ -106,12 +107,9 @@ def plot_training(training: dict, out: Path) -> None:
     _save(fig, out)
 
 
-FAMILY_NAMES = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
-
-
 def family_name(record: dict) -> str:
     """The family a training summary or evaluation is of (runs from before families were EAGLE-3)."""
-    return FAMILY_NAMES.get(record.get("family", "eagle3"), record.get("family"))
+    return DISPLAY_NAME[record.get("family", DEFAULT_FAMILY)]
 
 
 def plot_families(results: dict, out: Path) -> None:
@@ -124,8 +122,8 @@ def plot_families(results: dict, out: Path) -> None:
     width = 0.8 / max(1, len(served))
     for i, row in enumerate(served):
         xs = [x - 0.4 + width / 2 + i * width for x in range(len(labels))]
-        ax1.bar(xs, [r["tau"] or 0 for r in row["runs"]], width, label=FAMILY_NAMES[row["family"]])
-        ax2.bar(xs, [r["speedup"] or 0 for r in row["runs"]], width, label=FAMILY_NAMES[row["family"]])
+        ax1.bar(xs, [r["tau"] or 0 for r in row["runs"]], width, label=DISPLAY_NAME[row["family"]])
+        ax2.bar(xs, [r["speedup"] or 0 for r in row["runs"]], width, label=DISPLAY_NAME[row["family"]])
     for ax, title, ylabel in ((ax1, "Acceptance length τ (pooled)", "τ"), (ax2, "Speed-up over the target alone",
                                                                            "× baseline tok/s")):
         ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
@@ -133,7 +131,7 @@ def plot_families(results: dict, out: Path) -> None:
         if served:
             ax.legend(fontsize=8)
     ax2.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    unserved = [f"{FAMILY_NAMES[r['family']]}: not served here" for r in rows if not r["served"]]
+    unserved = [f"{DISPLAY_NAME[r['family']]}: not served here" for r in rows if not r["served"]]
     if unserved:
         fig.text(0.5, 0.01, "; ".join(unserved), ha="center", fontsize=8)
     fig.tight_layout()
@@ -147,14 +145,14 @@ def _families(results: dict) -> list[str]:
         return []
     by = "speed-up" if chosen.get("by") == "speedup" else "τ"
     lines = ["## Drafter families", "",
-             f"**Picked: {FAMILY_NAMES[chosen['family']]}** by {by}: {chosen['why']}. Every family was trained from "
+             f"**Picked: {DISPLAY_NAME[chosen['family']]}** by {by}: {chosen['why']}. Every family was trained from "
              "the same hidden states and vocabulary and measured on the same prompt sets, temperatures and "
              "concurrency; the others are in `results/drafters/{family}/`.", "",
              "| family | prompt set | T | drafts/step | τ (pooled) | acceptance by position | tok/s | speed-up | "
              "training time | drafter size |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in rows:
         size, train = f"{row['drafter_bytes'] / 2**20:.1f} MiB", _minutes(row["train_s"])
-        name = FAMILY_NAMES[row["family"]] + (" ✔" if row["family"] == chosen["family"] else "")
+        name = DISPLAY_NAME[row["family"]] + (" ✔" if row["family"] == chosen["family"] else "")
         if not row["served"]:
             lines.append(f"| {name} | – | – | – | not served here | {row['reason']} | – | – | {train} | {size} |")
         for run in row["runs"]:

@@ -15,7 +15,6 @@ mapping: a family added later trains alone.
 
 from __future__ import annotations
 
-FAMILIES = ("eagle3", "dflash", "dspark")
 DEFAULT_FAMILY = "eagle3"
 
 # train keys every family shares (each block-drafting family may override epochs and lr).
@@ -23,8 +22,9 @@ SHARED_KEYS = ("epochs", "max_steps", "lr", "optimizer", "weight_decay", "schedu
                "total_seq_len", "seed", "select")
 BLOCK_FAMILIES = ("dflash", "dspark")
 
-# The engine's name for each family (vLLM's speculative_config "method").
+# The engine's name for each family (vLLM's speculative_config "method"), and the name people read.
 VLLM_METHOD = {"eagle3": "eagle3", "dflash": "dflash", "dspark": "dspark"}
+DISPLAY_NAME = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
 # speculators' block size when none is configured (its schema: 16 for dflash, 8 otherwise), and its
 # draft layers for a block family.
 SPECULATORS_BLOCK_SIZE = {"dflash": 16, "dspark": 8}
