@@ -60,7 +60,7 @@ def main() -> None:
     if len(keep) < len(table):
         log.warning("%d merged rows have no hidden states (failed extraction) and are left out", len(table) - len(keep))
     mask = tr.choose_mask_token(cfg["mask_token_id"], target.load_tokenizer(tgt), facts.vocab_size,
-                                tr.token_ids(merged)) if family != families.DEFAULT_FAMILY else None
+                                lambda: tr.token_ids(merged)) if family != families.DEFAULT_FAMILY else None
     if mask:
         log.info("%s mask token: id %d, %s", family, *mask)
     key = json_digest({"train": cfg, **({"mask_token_id": mask[0]} if mask else {}), "data": file_sha256(merged),

@@ -84,14 +84,25 @@ class Tokenizer(SimpleNamespace):
 def test_the_mask_token_is_never_a_token_the_data_contains():
     smollm = Tokenizer(size=100, mask_token_id=None, mask_token=None, all_special_ids=[0, 1, 2],
                        added_tokens_decoder={0: 0, 1: 1, 2: 2, 3: 3, 4: 4})
-    used = {0, 1, 2, 10, 11}  # end-of-turn (2) and pad are on every row
+    def used():  # end-of-turn (2) and pad are on every row
+        return {0, 1, 2, 10, 11}
+
     assert tr.choose_mask_token(None, smollm, 100, used)[0] == 4
     assert tr.choose_mask_token(None, smollm, 128, used)[0] == 100  # a spare embedding row past the tokenizer
     assert tr.choose_mask_token(42, smollm, 100, used) == (42, "configured")
     with_mask = Tokenizer(**{**vars(smollm), "mask_token_id": 3, "mask_token": "<mask>"})
     assert tr.choose_mask_token(None, with_mask, 100, used)[0] == 3
     with pytest.raises(ValueError, match="mask_token_id"):
-        tr.choose_mask_token(None, smollm, 100, used | {3, 4})
+        tr.choose_mask_token(None, smollm, 100, lambda: used() | {3, 4})
+
+
+def test_the_data_tokens_are_read_in_batches_of_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [[1, 2, 3], [3, 4], [99]] * 50
+    pq.write_table(pa.table({"input_ids": rows}), tmp_path / "m.parquet", row_group_size=7)
+    assert tr.token_ids(tmp_path / "m.parquet") == {1, 2, 3, 4, 99}
 
 
 def test_a_block_family_is_scored_by_its_own_acceptance_length():

@@ -25,6 +25,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -446,14 +447,18 @@ def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dic
 
 
 def token_ids(merged: Path) -> set[int]:
-    """Every token id the tokenized data contains (prompts and answers, every split)."""
+    """Every token id the tokenized data contains (prompts and answers, every split), read a batch of
+    rows at a time: the merged table of a large run holds billions of tokens."""
     import pyarrow.compute as pc
 
-    column = pq.read_table(merged, columns=["input_ids"]).column("input_ids")
-    return set(pc.unique(pc.list_flatten(column)).to_pylist())
+    found: set[int] = set()
+    for batch in pq.ParquetFile(merged).iter_batches(columns=["input_ids"]):
+        found.update(pc.unique(pc.list_flatten(batch.column("input_ids"))).to_pylist())
+    return found
 
 
-def choose_mask_token(configured: int | None, tokenizer, vocab_size: int, used: set[int]) -> tuple[int, str]:
+def choose_mask_token(configured: int | None, tokenizer, vocab_size: int,
+                      data_tokens: Callable[[], set[int]]) -> tuple[int, str]:
     """The token a block drafter reads at the positions it drafts (DFlash's mask), and why. Its embedding
     is the target's, frozen: a token the data also contains would make a drafted position look like
     that token. In order: the configured id; the tokenizer's mask token; an embedding row past the
@@ -465,7 +470,7 @@ def choose_mask_token(configured: int | None, tokenizer, vocab_size: int, used: 
         return tokenizer.mask_token_id, f"the tokenizer's mask token {tokenizer.mask_token!r}"
     if len(tokenizer) < vocab_size:
         return len(tokenizer), f"an embedding row past the tokenizer's {len(tokenizer)} tokens"
-    unused = sorted((set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)) - used)
+    unused = sorted((set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)) - data_tokens())
     if not unused:
         raise ValueError("no mask token for a block drafter: the tokenizer has no mask token, no spare embedding "
                          "row, and the data contains every special token; set train.<family>.mask_token_id")
