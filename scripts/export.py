@@ -45,7 +45,7 @@ def main() -> None:
         log.warning("gate: %s", unserved)
         return
     chosen = next((v for v in summary["validation"] if v["epoch"] == summary["chosen"]["epoch"]), {})
-    expected = families.first_position_accuracy(family, chosen)
+    expected = families.first_position_accuracy(chosen)
     spec = {"method": families.VLLM_METHOD[family], "model": str(drafter),
             "num_speculative_tokens": families.num_speculative_tokens(family, trained, GATE_CHAIN)}
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])

@@ -108,8 +108,12 @@ def test_the_data_tokens_are_read_in_batches_of_rows(tmp_path):
 def test_a_block_family_is_scored_by_its_own_acceptance_length():
     assert tr.simulated_tau({"eal_epoch": 2.5, "full_acc_0_epoch": 0.9}) == 2.5
     assert tr.simulated_tau({"full_acc_0_epoch": 0.5, "full_acc_1_epoch": 0.25}) == 1.75
-    assert families.first_position_accuracy("dflash", {"position_1_acc_epoch": 0.4, "position_2_acc_epoch": 0.2}) \
-        == 0.4
+    # Block families also log full_acc (all positions pooled), which is no step of a chain.
+    dspark = {"full_acc_epoch": 0.1, "position_2_acc_epoch": 0.2, "position_1_acc_epoch": 0.4, "eal_epoch": 1.3}
+    assert families.step_accuracies(dspark) == [("position_1_acc_epoch", "position_1_acc"),
+                                                ("position_2_acc_epoch", "position_2_acc")]
+    assert families.first_position_accuracy(dspark) == 0.4
+    assert families.first_position_accuracy({"full_acc_epoch": 0.1, "full_acc_0_epoch": 0.3}) == 0.3
     assert families.num_speculative_tokens("dflash", {"block_size": 8}, 3) == 7
     assert families.num_speculative_tokens("dspark", {"block_size": 8, "sample_from_anchor": True}, 3) == 8
     assert families.num_speculative_tokens("eagle3", {}, 3) == 3

@@ -132,7 +132,7 @@ FAMILIES = {**RESULTS, "family": "dflash", "pick": {"by": "speedup", "family": "
                          family_row("dspark", None, None, served=False)]}
 DFLASH_TRAINING = {**TRAINING, "family": "dflash",
                    "mask_token": {"id": 16, "why": "special token '<x>', never in the data"},
-                   "validation": [{"epoch": 0, "loss_epoch": 2.1, "position_1_acc_epoch": 0.2,
+                   "validation": [{"epoch": 0, "loss_epoch": 2.1, "full_acc_epoch": 0.1, "position_1_acc_epoch": 0.2,
                                    "position_2_acc_epoch": 0.05, "eal_epoch": 1.3, "simulated_tau": 1.3}]}
 
 

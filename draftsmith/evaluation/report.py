@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
-from draftsmith.training.families import DEFAULT_FAMILY, DISPLAY_NAME
+from draftsmith.training.families import DEFAULT_FAMILY, DISPLAY_NAME, step_accuracies
 
 
 @dataclass
@@ -74,24 +74,13 @@ def plot(results: dict, out: Path) -> None:
     _save(fig, out)
 
 
-def accuracy_columns(epochs: list[dict]) -> list[tuple[str, str]]:
-    """The validation accuracies per draft step: EAGLE-3's ``full_acc_k`` (the first k+1 drafted tokens
-    all right), a block family's ``position_k_acc`` (position k of the block right)."""
-    first = epochs[0] if epochs else {}
-    steps = sorted(int(k.split("_")[2]) for k in first if k.startswith("full_acc_") and k.endswith("_epoch"))
-    if steps:
-        return [(f"full_acc_{k}_epoch", f"full_acc_{k}") for k in steps]
-    positions = sorted(int(k.split("_")[1]) for k in first if k.startswith("position_") and k.endswith("_acc_epoch"))
-    return [(f"position_{k}_acc_epoch", f"position_{k}_acc") for k in positions]
-
-
 def plot_training(training: dict, out: Path) -> None:
     """Validation accuracy per draft step and simulated τ across epochs; the exported epoch marked."""
     plt = _pyplot()
     validation = training.get("validation", [])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     epochs = [e["epoch"] + 1 for e in validation]
-    for key, label in accuracy_columns(validation):
+    for key, label in step_accuracies(validation[0] if validation else {}):
         ax1.plot(epochs, [e[key] for e in validation], marker="o", label=label)
     ax1.set(title=f"{family_name(training)} validation accuracy", xlabel="epoch", ylabel="accuracy")
     ax1.legend()
@@ -195,7 +184,7 @@ def _evaluation(results: dict) -> list[str]:
 
 def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
     validation = training.get("validation", [])
-    columns = accuracy_columns(validation)
+    columns = step_accuracies(validation[0] if validation else {})
     chosen = training.get("chosen", {})
     hs = training.get("hidden_states", {})
     warm = training.get("warm_start")

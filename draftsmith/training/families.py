@@ -15,6 +15,8 @@ mapping: a family added later trains alone.
 
 from __future__ import annotations
 
+import re
+
 DEFAULT_FAMILY = "eagle3"
 
 # train keys every family shares (each block-drafting family may override epochs and lr).
@@ -60,10 +62,23 @@ def not_served_here(family: str, on_gpus: bool) -> str | None:
     return None
 
 
-def first_position_accuracy(family: str, metrics: dict) -> float | None:
+# speculators' per-step validation accuracies: EAGLE-3's full_acc_k (the first k+1 drafted tokens all
+# right), a block family's position_k_acc (position k of the block right). Both also log full_acc.
+STEP_ACCURACY = (re.compile(r"full_acc_(\d+)_epoch"), re.compile(r"position_(\d+)_acc_epoch"))
+
+
+def step_accuracies(metrics: dict) -> list[tuple[str, str]]:
+    """The validation accuracies per draft step, in step order, as (metrics key, label)."""
+    for pattern in STEP_ACCURACY:
+        steps = sorted(int(m[1]) for key in metrics if (m := pattern.fullmatch(key)))
+        if steps:
+            keys = [pattern.pattern.replace(r"(\d+)", str(k)) for k in steps]
+            return [(key, key.removesuffix("_epoch")) for key in keys]
+    return []
+
+
+def first_position_accuracy(metrics: dict) -> float | None:
     """The validation accuracy of the first drafted token (what the export gate compares the served
-    first-position acceptance with): ``full_acc_0`` for EAGLE-3, the first non-anchor position of a block."""
-    if family == DEFAULT_FAMILY:
-        return metrics.get("full_acc_0_epoch")
-    positions = sorted(int(k.split("_")[1]) for k in metrics if k.startswith("position_") and k.endswith("_acc_epoch"))
-    return metrics[f"position_{positions[0]}_acc_epoch"] if positions else None
+    first-position acceptance with): EAGLE-3's ``full_acc_0``, a block's first non-anchor position."""
+    steps = step_accuracies(metrics)
+    return metrics[steps[0][0]] if steps else None

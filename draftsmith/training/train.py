@@ -427,8 +427,7 @@ def simulated_tau(metrics: dict) -> float:
     family: speculators' own ``eal``, the mean accepted run per block plus the bonus token."""
     if "eal_epoch" in metrics:
         return metrics["eal_epoch"]
-    steps = sorted(int(k.split("_")[2]) for k in metrics if k.startswith("full_acc_") and k.endswith("_epoch"))
-    return 1.0 + sum(metrics[f"full_acc_{k}_epoch"] for k in steps)
+    return 1.0 + sum(metrics[key] for key, _ in families.step_accuracies(metrics))
 
 
 def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dict]:
