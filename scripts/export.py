@@ -6,7 +6,7 @@ from pathlib import Path
 from draftsmith.config import target
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation import evaluate as ev
-from draftsmith.generation.server import managed_server, spec_from_config
+from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
 from draftsmith.training import families
@@ -27,8 +27,8 @@ def main() -> None:
     checkpoint, tgt = Path(summary["checkpoint"]), target_of(sm)
     model = tgt.model
     drafter = Path(sm.output.weights).parent
-    trained = ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
-                             verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
+    ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
+                   verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
     sglang = sm.params.export["sglang"]
     why_not = ex.sglang_refusal(json.loads((checkpoint / "config.json").read_text()))
     if sglang is True or (sglang == "auto" and not why_not):
@@ -46,10 +46,8 @@ def main() -> None:
         return
     chosen = next((v for v in summary["validation"] if v["epoch"] == summary["chosen"]["epoch"]), {})
     expected = families.first_position_accuracy(chosen)
-    spec = {"method": families.VLLM_METHOD[family], "model": str(drafter),
-            "num_speculative_tokens": families.num_speculative_tokens(family, trained, GATE_CHAIN)}
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
-    with managed_server(spec_from_config(tgt, sm.config["server"], speculative_config=spec),
+    with managed_server(ev.server_spec("vllm", tgt, sm.config["server"], str(drafter), GATE_CHAIN),
                         Path(sm.log.server)) as server:
         root = ev.root_of(server.base_url)
         before = ev.scrape_spec_counters(root)

@@ -272,18 +272,16 @@ def test_snakemakes_own_report_holds_the_plots_and_the_card(workdir, tmp_path):
 
 def greedy_completions(work, prompts, drafter=None) -> list[str]:
     """The target's greedy answers to ``prompts`` from a vLLM server of its own, with ``drafter`` or alone."""
-    import dataclasses
-
     import httpx
 
     from draftsmith.config.load import load_layers, validate_config
-    from draftsmith.config.target import resolve
+    from draftsmith.config.target import Target, resolve
     from draftsmith.evaluation.evaluate import server_spec
     from draftsmith.generation.server import managed_server
 
     config = validate_config(load_layers([CONFIG], {}))
-    target = resolve(config["target"], REPO)
-    target = dataclasses.replace(target, model=str(work / target.model))
+    prepared = resolve(config["target"], REPO)
+    target = Target(prepared.name, str(work / prepared.model), "folder")
     spec = server_spec("vllm", target, config["server"], drafter and str(drafter), 3)
     log = work / "logs" / f"greedy.{drafter.name if drafter else 'target'}.server.log"
     with managed_server(spec, log) as server:
