@@ -79,6 +79,8 @@ def test_a_worked_example_dry_runs_and_plans_before_any_gpu_time(example, workfl
     assert f"Target: {(facts.get('text_config') or facts)['num_hidden_layers']} layers" in plan, plan
     for name in yaml.safe_load(example.read_text())["datasets"]:
         assert f"| {name} | 64 |" in plan, plan  # every prompt counted (none lost to decontamination)
+    for family in yaml.safe_load(example.read_text())["train"].get("families", ["eagle3"]):
+        assert f"| train {family} |" in plan and f"\n| {family} |" in plan, plan  # its training and its GPU memory
     printed = subprocess.run([sys.executable, "-m", "draftsmith.config.load", "--configfile", str(config)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
     effective = yaml.safe_load(printed)
