@@ -171,3 +171,7 @@ def test_the_preflight_names_what_a_family_cannot_get_before_any_work(tmp_path):
     assert preflight.notices(dspark) == [f"train.families: dspark: {families.not_served_here('dspark', False)}"]
     dspark["server"]["gpus"] = 8
     assert preflight.notices(dspark) == []
+    # With no family served here, nothing could be measured and picked: refused before any work.
+    found = problems_of({"train": {"families": ["dspark"]}}, tmp_path)
+    assert found == ["train.families ['dspark']: none can be served here, and results/drafter/ is the family "
+                     "measured best; add eagle3 or dflash, or serve on GPUs (server.gpus)"]

@@ -122,6 +122,10 @@ def _lengths(config: dict) -> list[str]:
     if blocks and config["evaluation"]["engine"] == "sglang":
         found.append(f"evaluation.engine sglang evaluates EAGLE-3 drafters here; train.families has "
                      f"{', '.join(blocks)} (evaluate them with vllm)")
+    on_gpus = config["server"]["gpus"] > 0
+    if all(families.not_served_here(f, on_gpus) for f in train["families"]):
+        found.append(f"train.families {train['families']}: none can be served here, and results/drafter/ is the "
+                     "family measured best; add eagle3 or dflash, or serve on GPUs (server.gpus)")
     if blocks and config["export"]["sglang"] is True:
         found.append(f"export.sglang true exports EAGLE-3's SGLang layout; train.families has {', '.join(blocks)} "
                      "(set export.sglang: auto, which exports what SGLang can load)")

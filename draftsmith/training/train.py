@@ -1,4 +1,5 @@
-"""Train an EAGLE-3 drafter with speculators, on GPU as published or on CPU through a small adaptation.
+"""Train a drafter (EAGLE-3, DFlash or DSpark) with speculators, on GPU as published or on CPU through a
+small adaptation.
 
 - **CPU.** speculators' trainer assumes an accelerator in three places: it moves the model and
   batches to ``get_local_rank()`` (int 0, i.e. ``cuda:0``), autocasts with device type ``cuda``
