@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import yaml
 
 from draftsmith.data.datasets import hub_id
+from draftsmith.evaluation.pick import score
 from draftsmith.training.families import DISPLAY_NAME, VLLM_METHOD
 
 
@@ -65,17 +66,16 @@ def pick(results: dict) -> list[str]:
         return []
     lines = ["## Why this family", "",
              f"draftsmith trained {', '.join(DISPLAY_NAME[r['family']] for r in rows)} from the same data and "
-             f"served each on the same prompts; this one had the {chosen['why']}. Measured (mean over prompt sets "
-             "and temperatures):", "", "| family | τ (pooled) | speed-up |", "|---|---:|---:|"]
+             f"served each on the same prompts; this one had the {chosen['why']}. Measured over prompt sets "
+             "and temperatures (τ: mean; speed-up: geometric mean, as the pick ranks them):", "",
+             "| family | τ (pooled) | speed-up |", "|---|---:|---:|"]
     for row in rows:
         if not row["served"]:
             lines.append(f"| {DISPLAY_NAME[row['family']]} | not served here | – |")
             continue
-        taus = [r["tau"] for r in row["runs"] if r["tau"] is not None]
-        speedups = [r["speedup"] for r in row["runs"] if r["speedup"] is not None]
-        tau = f"{sum(taus) / len(taus):.3f}" if taus else "–"
-        speedup = f"{sum(speedups) / len(speedups):.2f}×" if speedups else "–"
-        lines.append(f"| {DISPLAY_NAME[row['family']]} | {tau} | {speedup} |")
+        tau, speedup = score(row["runs"], "tau"), score(row["runs"], "speedup")
+        lines.append(f"| {DISPLAY_NAME[row['family']]} | {'–' if tau is None else f'{tau:.3f}'} | "
+                     f"{'–' if speedup is None else f'{speedup:.2f}×'} |")
     return lines
 
 
