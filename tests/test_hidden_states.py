@@ -155,8 +155,16 @@ def test_a_killed_shard_writer_keeps_every_finished_shard(tmp_path):
               "for i in range(40):\n"
               "    w.write(i, torch.zeros(300, 4, 128, dtype=torch.bfloat16), torch.arange(300))\n"
               "    if i == 25:\n"
-              "        while not store.index_path.exists() or not list(store.folder.glob('shards/*.partial')):\n"
+              "        while not store.index_path.exists():\n"
               "            time.sleep(0.01)\n"
+              # the writer's next shard never reaches its fsync: a .partial is surely open at the kill
+              "        os.fsync = lambda fd: time.sleep(3600)\n"
+              "        def held():  # a .partial still there 0.2 s later: its writer waits in fsync\n"
+              "            seen = set(store.folder.glob('shards/*.partial'))\n"
+              "            time.sleep(0.2)\n"
+              "            return seen & set(store.folder.glob('shards/*.partial'))\n"
+              "        while not held():\n"
+              "            pass\n"
               "        os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, timeout=120)
     assert proc.returncode == -9
