@@ -236,7 +236,7 @@ def train(out: Path, step: str, loss: str, device: str, processes: int) -> dict:
     run_dir = out / TRAINED_BY[step]
     argv = tr.speculators_args(TRAIN_CFG, verifier=str(out / "target_small"), data_dir=Path(data["data_dir"]),
                                save_dir=run_dir / "checkpoints", d2t=out / "d2t.npy", t2d=out / "t2d.npy",
-                               aux_layers=AUX_LAYERS, train_ratio=float(data["ratio"]), on_cpu=on_cpu,
+                               aux_layers=AUX_LAYERS, train_ratio=float(data["ratio"]), device=device,
                                log_dir=run_dir / "logs", num_workers=1, hidden_states_backend="draftsmith",
                                dtype=dtype, loss_implementation=loss, compile_=not on_cpu)
     started = time.perf_counter()
@@ -295,8 +295,7 @@ def run_step(step: str, out: Path, device: str, processes: int) -> dict:
         from draftsmith.training import probe
 
         started = time.perf_counter()
-        return {**probe.choose({"loss_implementation": "auto", "compile": "auto"}, TRAIN_CFG["loss_fn"],
-                               device).as_dict(),
+        return {**probe.choose({"loss_implementation": "auto", "compile": "auto"}, TRAIN_CFG, device).as_dict(),
                 "seconds": round(time.perf_counter() - started, 1)}
     if step == "train_fused":
         if device == "cpu":

@@ -75,8 +75,9 @@ def main() -> None:
         write_locations(data_dir, [by_dataset[table[i]["dataset"]].locations([table[i]["source_row"]])[0]
                                    for i in keep])
     on_cpu = patches.adapt_for_cpu()
+    device = compute.device()
     dtype = compute.choose(ops["dtype"], training=True)
-    trainer = probe.choose(ops, cfg["loss_fn"], compute.device())
+    trainer = probe.choose(ops, cfg, device)
     rows = len(keep)
     n_train = sum(table[i]["split"] == TRAIN for i in keep)
     server = spec_from_config(tgt, sm.config["server"], **hs.vllm_server_configs(
@@ -86,7 +87,7 @@ def main() -> None:
     with managed_server(server, Path(sm.log.server)) if online else nullcontext() as extractor:
         argv = tr.speculators_args(
             cfg, verifier=tgt.model, data_dir=data_dir, save_dir=run_dir / "checkpoints", d2t=Path(sm.input.d2t),
-            t2d=Path(sm.input.t2d), aux_layers=aux, train_ratio=train_ratio(n_train, rows), on_cpu=on_cpu,
+            t2d=Path(sm.input.t2d), aux_layers=aux, train_ratio=train_ratio(n_train, rows), device=device,
             log_dir=run_dir / "logs", num_workers=ops["num_workers"], from_pretrained=pretrained,
             hidden_states_backend="file" if online else BACKEND,
             vllm_endpoint=extractor.base_url if online else None, dtype=dtype.dtype,

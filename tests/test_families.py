@@ -57,7 +57,7 @@ def resolve(argv):
 def test_a_block_family_trains_with_its_own_arguments(tmp_path, family):
     cfg = families.settings(train_view(families=[family], **{family: {"block_size": 8, "num_layers": 2}}), family)
     kw = {"verifier": "results/models/t", "data_dir": tmp_path, "save_dir": tmp_path, "d2t": tmp_path / "d2t.npy",
-          "t2d": tmp_path / "t2d.npy", "aux_layers": [2, 15, 27], "train_ratio": 0.9, "on_cpu": True,
+          "t2d": tmp_path / "t2d.npy", "aux_layers": [2, 15, 27], "train_ratio": 0.9, "device": "cpu",
           "log_dir": tmp_path, "num_workers": 1}
     with pytest.raises(ValueError, match="mask token"):
         tr.speculators_args(cfg, **kw)

@@ -14,7 +14,7 @@ CFG = {"num_layers": 1, "epochs": 2, "lr": 1e-3, "optimizer": "muon", "weight_de
 
 def args(tmp_path, **kw):
     base = {"verifier": "results/models/t", "data_dir": tmp_path, "save_dir": tmp_path, "d2t": tmp_path / "d2t.npy",
-            "t2d": tmp_path / "t2d.npy", "aux_layers": [2, 15, 27], "train_ratio": 0.9, "on_cpu": True,
+            "t2d": tmp_path / "t2d.npy", "aux_layers": [2, 15, 27], "train_ratio": 0.9, "device": "cpu",
             "log_dir": tmp_path, "num_workers": 1}
     return tr.speculators_args(CFG, **{**base, **kw})
 
@@ -34,10 +34,10 @@ def test_speculators_arguments(tmp_path):
     assert {"--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output"} <= set(argv)
     assert "--max-steps" not in argv and "--from-pretrained" not in argv
     assert tr.NO_COMPILE in argv  # the CPU computes eagerly
-    gpu = args(tmp_path, on_cpu=False, from_pretrained=tmp_path / "pre", vllm_endpoint="http://h:1/v1",
+    gpu = args(tmp_path, device="cuda", from_pretrained=tmp_path / "pre", vllm_endpoint="http://h:1/v1",
                loss_implementation="fused", compile_=True)
     assert value(gpu, "--loss-implementation") == "fused" and value(gpu, "--from-pretrained") == str(tmp_path / "pre")
-    assert tr.NO_COMPILE not in gpu and "--draft-attn-impl" not in gpu
+    assert tr.NO_COMPILE not in gpu and value(gpu, "--draft-attn-impl") == "simple_flex_attention"
     assert "--num-layers" not in gpu and "--no-norm-output" not in gpu  # the checkpoint defines the model
     assert value(gpu, "--on-missing") == "generate" and value(gpu, "--vllm-endpoint") == "http://h:1/v1"
     # The arguments are what speculators' own parser accepts.
@@ -220,7 +220,7 @@ def test_quality_levers_reach_speculators(tmp_path):
                                 "train_lm_head": True},
                                verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
                                d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
-                               train_ratio=0.9, on_cpu=True, log_dir=tmp_path, num_workers=1, dtype="float32")
+                               train_ratio=0.9, device="cpu", log_dir=tmp_path, num_workers=1, dtype="float32")
     assert tr.TRAIN_LM_HEAD in argv  # draftsmith's own flag, taken out before speculators parses
     flat = TrainConfig.resolve([a for a in argv if a not in tr.OWN_FLAGS]).flatten()
     assert (flat["fc_norm"], flat["draft_arch"], flat["loss_fn"], flat["hidden_states_dtype"]) == \
@@ -230,7 +230,7 @@ def test_quality_levers_reach_speculators(tmp_path):
         argv = tr.speculators_args({**CFG, "architecture": architecture, "fc_norm": True},
                                    verifier="results/models/t", data_dir=tmp_path, save_dir=tmp_path,
                                    d2t=tmp_path / "d2t.npy", t2d=tmp_path / "t2d.npy", aux_layers=[2, 15, 27],
-                                   train_ratio=0.9, on_cpu=True, log_dir=tmp_path, num_workers=1, dtype="float32")
+                                   train_ratio=0.9, device="cpu", log_dir=tmp_path, num_workers=1, dtype="float32")
         draft = TrainConfig.resolve([a for a in argv if a not in tr.OWN_FLAGS]).flatten()
         assert draft["fc_norm"] and not draft["norm_before_fc"], architecture
         assert argv.count(tr.NO_NORM_BEFORE_FC) == 1
@@ -435,18 +435,18 @@ def test_the_fused_loss_falls_back_to_eager_when_its_probe_fails(caplog):
     from draftsmith.training import probe
 
     with caplog.at_level(logging.WARNING, logger="draftsmith.training.probe"):
-        choice = probe.choose(AUTO, "kl_div", "cuda")
+        choice = probe.choose(AUTO, CFG, "cuda")
     assert (choice.loss_implementation, choice.compile) == ("eager", False)
     assert "torch.compile failed its probe" in choice.reason and "the fused loss failed its probe uncompiled" in \
         choice.reason and "so eager" in choice.reason
     assert "fused loss failed its probe" in caplog.text
     assert probe.probe("kl_div", "eager", False, "cpu") is None  # the probe itself works where it can
-    fixed = probe.choose({"loss_implementation": "eager", "compile": False}, "kl_div", "cuda")  # YAML's `off`
+    fixed = probe.choose({"loss_implementation": "eager", "compile": False}, CFG, "cuda")  # YAML's `off`
     assert (fixed.loss_implementation, fixed.compile) == ("eager", False) and "set in the config" in fixed.reason
-    on_cpu = probe.choose(AUTO, "kl_div", "cpu")
+    on_cpu = probe.choose(AUTO, CFG, "cpu")
     assert (on_cpu.loss_implementation, on_cpu.compile) == ("eager", False) and "no CUDA device" in on_cpu.reason
     with pytest.raises(ValueError, match=r"train\.loss_implementation: fused need a CUDA GPU"):
-        probe.choose({**AUTO, "loss_implementation": "fused"}, "kl_div", "cpu")
+        probe.choose({**AUTO, "loss_implementation": "fused"}, CFG, "cpu")
 
 
 def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypatch, caplog):

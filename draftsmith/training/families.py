@@ -31,6 +31,9 @@ DISPLAY_NAME = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dspark": "DSpark"}
 # draft layers for a block family.
 SPECULATORS_BLOCK_SIZE = {"dflash": 16, "dspark": 8}
 SPECULATORS_LAYERS = 5
+# speculators' loss when none is configured (its schema: cross-entropy for dflash, kl_div otherwise).
+SPECULATORS_LOSS_FN = {"dflash": "ce"}
+SPECULATORS_DEFAULT_LOSS_FN = "kl_div"
 
 
 def settings(train: dict, family: str) -> dict:
@@ -42,6 +45,13 @@ def settings(train: dict, family: str) -> dict:
     block = train[family]
     shared = {k: train[k] for k in SHARED_KEYS if k in train}
     return {**shared, **{k: v for k, v in block.items() if v is not None or k not in shared}, "family": family}
+
+
+def loss_fn(cfg: dict) -> str:
+    """The loss a family's settings train with: the configured one, else speculators' recipe for the
+    family (what its parser resolves a missing ``--loss-fn`` to). The trainer's probe needs it by name."""
+    family = cfg.get("family", DEFAULT_FAMILY)
+    return cfg.get("loss_fn") or SPECULATORS_LOSS_FN.get(family, SPECULATORS_DEFAULT_LOSS_FN)
 
 
 def num_speculative_tokens(family: str, trained_config: dict, evaluation_k: int) -> int:

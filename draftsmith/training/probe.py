@@ -5,8 +5,11 @@ depend on the installed torch, Triton and driver, which differ between clusters,
 vLLM's pins: on the lent H200 (torch 2.11) dynamo failed on the fused loss's autotuner in the first
 step (issue 37). A probe runs the configured loss forward and backward on a tiny batch on the job's
 device, in a process of its own (a kernel that faults can poison a CUDA context), compiled when the
-trainer will compile, and compares it with the eager loss. ``auto`` settings then take what worked,
-and the choice and its reason go to the log, the training summary, the report and the model card.
+trainer will compile, and compares it with the eager loss. Compiled, it also runs speculators' draft
+attention (FlexAttention with a block mask) forward and backward against sdpa: the trainer's compiled
+forward needs both. ``auto`` settings then take what worked, and the choice and its reason go to the
+log, the training summary, the report and the model card. Which device probes at all, and which
+attention an uncompiled trainer gets, is :mod:`draftsmith.core.platform`'s decision.
 
     python -m draftsmith.training.probe LOSS_FN IMPLEMENTATION COMPILE DEVICE   # exits 0 when it works
 """
@@ -18,6 +21,9 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+from draftsmith.core import platform
+from draftsmith.training import families
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +64,48 @@ def run_probe(loss_fn: str, implementation: str, compile_: bool, device: str) ->
     if not torch.allclose(loss.float(), reference.float(), rtol=0.05, atol=1e-3):
         raise ArithmeticError(f"the {implementation} loss gave {loss.item():.5f}, the eager one "
                               f"{reference.item():.5f}")
+    if compile_:
+        run_attention_probe(device)
+
+
+def run_attention_probe(device: str) -> None:
+    """speculators' draft attention as the compiled trainer runs it: FlexAttention with a causal block
+    mask, compiled, forward and backward; raises when it fails or disagrees with sdpa."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 256, 64, generator=generator).to(device, torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, 256, 256, device=device)
+    out = torch.compile(flex_attention)(q, k, v, block_mask=mask)
+    out.float().square().mean().backward()
+    reference = torch.nn.functional.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
+    if not all(torch.isfinite(t.grad).all() for t in (q, k, v)):
+        raise FloatingPointError("compiled FlexAttention gave non-finite gradients")
+    if not torch.allclose(out.detach().float(), reference.float(), rtol=0.05, atol=0.02):
+        raise ArithmeticError("compiled FlexAttention disagrees with sdpa")
 
 
 def probe(loss_fn: str, implementation: str, compile_: bool, device: str,
           timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Run :func:`run_probe` in a process of its own; ``None`` when it worked, else what went wrong."""
-    command = [sys.executable, "-m", "draftsmith.training.probe", loss_fn, implementation,
-               "on" if compile_ else "off", device]
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(command(loss_fn, implementation, compile_, device), capture_output=True, text=True,
+                              timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"no result within {timeout_s:.0f} s"
     if proc.returncode == 0:
         return None
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
+def command(loss_fn: str, implementation: str, compile_: bool, device: str) -> list[str]:
+    """The probe's process (``loss_fn`` by name: a family's loss left to speculators' recipe is resolved
+    first, :func:`draftsmith.training.families.loss_fn`)."""
+    return [sys.executable, "-m", "draftsmith.training.probe", loss_fn, implementation, "on" if compile_ else "off",
+            device]
 
 
 def compile_setting(value: str | bool) -> str:
@@ -87,15 +120,16 @@ def forced_on_gpu(train: dict) -> list[str]:
             if value in ("fused", "on")]
 
 
-def choose(train: dict, loss_fn: str, device: str) -> Choice:
+def choose(train: dict, family: dict, device: str) -> Choice:
     """The trainer's loss implementation and compilation, from the config's ``train`` settings
     (``loss_implementation``: auto, fused, eager; ``compile``: auto, on, off) and, for ``auto``, the
-    probes on ``device``.
+    probes on ``device`` with the loss ``family`` (one family's settings) trains with.
 
     speculators compiles only on CUDA and its fused losses are Triton GPU kernels: without an
     accelerator both ``auto`` settings resolve to eager, uncompiled, with no probe."""
     loss_setting, compile_mode = train["loss_implementation"], compile_setting(train["compile"])
-    if not device.startswith("cuda"):
+    loss_fn = families.loss_fn(family)
+    if not platform.probes_trainer(device):
         if forced_on_gpu(train):
             raise ValueError(f"{' and '.join(forced_on_gpu(train))} need a CUDA GPU (Triton kernels; speculators "
                              "compiles only there); this job has none")

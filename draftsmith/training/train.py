@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from draftsmith.core import jsonl
+from draftsmith.core import jsonl, platform
 from draftsmith.core.atomic import atomic_path, write_json
 from draftsmith.training import families
 from draftsmith.training import speculators_patches as patches
@@ -65,14 +65,15 @@ def write_dataset(merged: Path, dest: Path, keep: list[int]) -> None:
 
 
 def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path, d2t: Path, t2d: Path,
-                     aux_layers: list[int], train_ratio: float, on_cpu: bool, log_dir: Path, num_workers: int,
+                     aux_layers: list[int], train_ratio: float, device: str, log_dir: Path, num_workers: int,
                      from_pretrained: Path | None = None, hidden_states_backend: str = "file",
                      vllm_endpoint: str | None = None, dtype: str = "bfloat16",
                      trust_remote_code: bool = False, loss_implementation: str = "eager",
                      compile_: bool = False, mask_token_id: int | None = None) -> list[str]:
     """speculators' training arguments, and draftsmith's own flags (removed before its parser sees
-    them): ``loss_implementation`` and ``compile_`` as :func:`draftsmith.training.probe.choose` decided.
-    ``cfg`` is one family's settings (:func:`draftsmith.training.families.settings`); a block family
+    them): ``loss_implementation`` and ``compile_`` as :func:`draftsmith.training.probe.choose` decided on
+    ``device`` (the trainer's: ``cuda`` or ``cpu``), and the draft attention that follows from both
+    (:func:`draftsmith.core.platform.draft_attention`). ``cfg`` is one family's settings (:func:`draftsmith.training.families.settings`); a block family
     needs its ``mask_token_id`` (:func:`choose_mask_token`)."""
     family = cfg.get("family", families.DEFAULT_FAMILY)
     args: dict = {
@@ -112,8 +113,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
         args.update({"vllm-endpoint": vllm_endpoint, "on-missing": "generate"})
     else:
         args["on-missing"] = "raise"  # offline: a missing hidden state is a bug, never a silent skip
-    if on_cpu:
-        args["draft-attn-impl"] = "sdpa"  # FlexAttention has no CPU backward
+    args["draft-attn-impl"] = platform.draft_attention(device, compile_)
     argv = []
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]

@@ -1,0 +1,43 @@
+"""What a job does differently on a CUDA GPU, decided in one place from the device's name.
+
+This project's machines have no GPU, so a branch taken only where the device is CUDA is code no test
+enters unless the decision is a function of the device that a test can call with ``"cuda"`` on a CPU
+(as vLLM's ``platforms/`` answers capability questions in one place). Each function here is such a
+decision; only executing it (a Triton kernel, a pinned copy, a compiled graph) needs the GPU, and
+docs/gpus-and-clusters.md names the GPU-check step that executes each one.
+
+``device`` is what :func:`draftsmith.core.compute.device` returns: ``"cuda"`` (or ``"cuda:N"``), or
+``"cpu"``.
+"""
+
+from __future__ import annotations
+
+# speculators' draft attention (its --draft-attn-impl): FlexAttention with a block mask is what it
+# trains with on GPUs, and is fast only compiled; sdpa takes a dense mask.
+FLEX_ATTENTION = "simple_flex_attention"
+SDPA = "sdpa"
+
+
+def is_cuda(device: str) -> bool:
+    return device.split(":")[0] == "cuda"
+
+
+def probes_trainer(device: str) -> bool:
+    """Whether ``train.loss_implementation: auto`` and ``train.compile: auto`` are probed on ``device``.
+    speculators compiles only on CUDA and its fused losses are Triton GPU kernels: elsewhere both are
+    eager, with nothing to probe."""
+    return is_cuda(device)
+
+
+def draft_attention(device: str, compiled: bool) -> str:
+    """speculators' draft attention on ``device``. FlexAttention only where it is compiled: uncompiled it
+    falls back to materialising every score (at total_seq_len 8,192 with 3 test-time steps, 8,192 x
+    24,576 scores x 32 heads in fp32, ~26 GB before the backward), and on a CPU it has no backward.
+    Everywhere else sdpa, whose dense mask is one [seq, seq x steps] bf16 tensor shared by the heads."""
+    return FLEX_ATTENTION if is_cuda(device) and compiled else SDPA
+
+
+def pinned_staging(device: str) -> bool:
+    """Whether rows computed on ``device`` go to the shard writer through page-locked host memory, copied
+    without waiting (the writer waits on an event): on a CUDA GPU. A CPU's tensors are already on the host."""
+    return is_cuda(device)
