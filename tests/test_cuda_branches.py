@@ -4,6 +4,8 @@ needs a GPU (benchmarks/gpu_check.sh); what they decide is tested here."""
 
 import subprocess
 
+import torch
+
 import pytest
 
 from draftsmith.core import platform
@@ -68,9 +70,58 @@ def test_the_compiled_probe_runs_the_draft_attention_too(monkeypatch):
     """The compile probe compiled the loss alone: a FlexAttention the GPU's compiler cannot build passed
     it. Here compilation is left out (seconds, not a minute) and the attention runs eagerly on the CPU,
     where FlexAttention has no backward: the compiled probe meets it, the uncompiled one does not."""
-    import torch
-
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     probe.run_probe("kl_div", "eager", False, "cpu")
     with pytest.raises(NotImplementedError, match="FlexAttention"):
         probe.run_probe("kl_div", "eager", True, "cpu")
+
+
+def test_the_pinned_pool_hands_out_blocks_within_its_bound_and_in_order():
+    """torch's pinned allocator rounds every block up to a power of two and keeps it: staged in a block
+    per row, rows of mixed lengths grew page-locked memory past the queue's bound. The pool is one
+    block, taken and given back in order, waiting while it is full."""
+    import random
+    import threading
+
+    from draftsmith.hidden_states.store import PinnedPool
+
+    pool = PinnedPool(10_000, pin=False)
+    assert pool.take(10_001) is None  # a row larger than the pool is copied without it
+    done = threading.Event()
+
+    def release_in_order():
+        while not done.is_set() or pool.live:
+            if pool.live:
+                pool.release()
+
+    releaser = threading.Thread(target=release_in_order)
+    rng = random.Random(0)
+    releaser.start()
+    for _ in range(500):
+        block = pool.take(rng.randrange(1, 4_000))
+        offset = block.data_ptr() - pool.buffer.data_ptr()
+        assert offset % pool.ALIGN == 0 and offset + block.numel() <= pool.capacity
+    done.set()
+    releaser.join()
+    assert pool.peak <= pool.capacity and not pool.live
+
+
+def test_rows_from_a_gpu_go_through_the_pool_and_are_stored_as_computed(tmp_path, monkeypatch):
+    """The staging a CUDA row takes (pinned block, copy, event, release after the write), run on this
+    CPU with the pool unpinned: rows of mixed lengths, some larger than the whole pool."""
+    from draftsmith.hidden_states import store
+
+    monkeypatch.setattr(store.platform, "pinned_staging", lambda device: True)
+    shards = store.ShardStore(tmp_path / "hs", store.fingerprint({"t": 1}, [1, 2, 3], 4, "transformers"),
+                              shard_mb=1)
+    generator = torch.Generator().manual_seed(0)
+    rows = {row: torch.randn(length, 4, 64, generator=generator).to(torch.bfloat16)
+            for row, length in enumerate([5, 300, 17, 80, 3, 200, 1])}
+    with shards.writer() as writer:
+        writer.pool = store.PinnedPool(64 * 1024, pin=False)
+        for row, values in rows.items():
+            writer.write(row, values, torch.arange(len(values)))
+    assert writer.pool.peak <= writer.pool.capacity and not writer.pool.live
+    for row, values in rows.items():
+        read = shards.read(row)
+        assert torch.equal(read["hidden_states"], values) and read["token_ids"].tolist() == list(range(len(values)))

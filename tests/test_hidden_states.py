@@ -76,6 +76,31 @@ def test_the_transformers_backend_computes_on_the_jobs_accelerator(target_dir, m
     hs.extract_transformers(str(target_dir), list(enumerate(ROWS)), Recorder(), [1, 2, 3], threads=1)
     assert seen == [(0, "meta", (5, 4, 576), "cpu"), (1, "meta", (3, 4, 576), "cpu")]
 
+def test_extraction_keeps_only_the_stored_layers_of_a_batch(target_dir, monkeypatch):
+    """output_hidden_states kept every layer's output of a batch until the pass ended: ~6.7 GiB for a
+    61-layer, 7,168-wide target at batch_tokens 8,192. The stored layers are copied out by hooks into
+    one buffer instead, and the code's own accounting says what that buffer takes."""
+    from transformers import AutoModelForCausalLM
+
+    load, asked = AutoModelForCausalLM.from_pretrained, []
+
+    def loaded(*args, **kwargs):
+        model = load(*args, **kwargs)
+        forward = model.model.forward
+        model.model.forward = lambda *a, **kw: asked.append(kw.get("output_hidden_states")) or forward(*a, **kw)
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", loaded)
+
+    class Keep:
+        def write(self, row, hidden_states, token_ids):
+            assert hidden_states.shape == (len(ROWS[row]), 4, 576)
+
+    hs.extract_transformers(str(target_dir), list(enumerate(ROWS)), Keep(), [2, 15, 27], threads=1)
+    assert asked and not any(asked)
+    assert hs.batch_states_bytes(8192, 7168, 4) / 2**30 == pytest.approx(0.4375)
+
+
 @pytest.mark.parametrize("layout", ["per_row", "shards"])
 def test_rows_are_reused_only_with_the_same_token_ids_and_fingerprint(layout, tmp_path):
     store = open_store(tmp_path / "hs", FP, layout, shard_mb=1)

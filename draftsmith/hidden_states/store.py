@@ -31,7 +31,8 @@ import os
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from hs_connectors import HiddenStatesBackend, HiddenStatesTransfer
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from draftsmith.core import jsonl
+from draftsmith.core import jsonl, platform
 from draftsmith.core.digest import file_sha256, ids_digest, json_digest
 
 FINGERPRINT_KEY = "draftsmith_fingerprint"
@@ -210,6 +211,8 @@ CHECKSUM = "xxh3_128"  # the index's checksum of each shard since issue 37 (olde
 # Rows queued for the writer thread, in bytes: the extraction runs ahead of storage by at most this
 # (one row more when a single row is larger).
 QUEUE_BYTES = 1 << 30
+# Page-locked host memory for rows coming from a GPU (PinnedPool), allocated once: the same bound.
+PINNED_BYTES = QUEUE_BYTES
 # Writes from the writer thread in pieces of this size, each hashed just before it is written: a piece
 # that fits a core's L2 cache is read from there twice. Measured on a 2-core VM into tmpfs (eight
 # rounds each): 64 MB pieces from the thread ~1 GB/s; 1 MiB 1.5 (median); 256 KiB 2.7, the main thread's
@@ -398,29 +401,96 @@ class ShardStore(HiddenStateStore):
         return f"shard_{max(taken, default=-1) + 1:06d}.safetensors"
 
 
-class _Staged:
-    """A row on its way to the host: tensors on an accelerator are copied into pinned host memory
-    without waiting (no sync per row); the writer thread waits for the copy before reading them."""
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // PinnedPool.ALIGN) * PinnedPool.ALIGN
 
-    def __init__(self, tensors: dict[str, torch.Tensor]):
+
+class PinnedPool:
+    """Page-locked host memory for rows on their way from an accelerator: one block of ``capacity``
+    bytes, allocated once, handed out as a ring. torch's pinned allocator gives every request its own
+    block rounded up to a power of two and keeps freed blocks for the process's life, so staging each
+    row of mixed lengths in a block of its own grew page-locked memory past the queue's bound. Blocks
+    are released in the order they were taken (the writer thread stores rows in order); ``take``
+    waits while the ring is full, and returns None for a row larger than the whole pool (copied
+    without it). ``pin``: False only where a test runs the pool on a machine without an accelerator."""
+
+    ALIGN = 512  # every block and every tensor in it starts here: any dtype's view is aligned
+
+    def __init__(self, capacity: int, pin: bool = True):
+        self.capacity = capacity
+        self.buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=pin)
+        self.live: deque[tuple[int, int]] = deque()  # (offset, bytes) in the order taken
+        self.changed = threading.Condition()
+        self.peak = 0
+
+    def _offset(self, nbytes: int) -> int | None:
+        if not self.live:
+            return 0
+        tail = self.live[0][0]  # the oldest block's start
+        head = self.live[-1][0] + self.live[-1][1]  # the newest block's end
+        if head > tail:  # free: after head, and before tail once wrapped
+            if head + nbytes <= self.capacity:
+                return head
+            return 0 if nbytes <= tail else None
+        return head if head + nbytes <= tail else None  # wrapped: free between head and tail
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        size = _aligned(nbytes)
+        if size > self.capacity:
+            return None
+        with self.changed:
+            self.changed.wait_for(lambda: self._offset(size) is not None)
+            offset = self._offset(size)
+            self.live.append((offset, size))
+            self.peak = max(self.peak, sum(n for _, n in self.live))
+        return self.buffer[offset:offset + nbytes]
+
+    def release(self) -> None:
+        """The oldest block taken is free again."""
+        with self.changed:
+            self.live.popleft()
+            self.changed.notify_all()
+
+
+class _Staged:
+    """A row on its way to the host. Tensors on a device with pinned staging
+    (:func:`draftsmith.core.platform.pinned_staging`) are copied into the writer's :class:`PinnedPool`
+    without waiting (no sync per row); an event recorded after the copies tells the writer thread when
+    it may read them. A CPU's tensors are taken as they are."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], pool_for: Callable[[], PinnedPool]):
         self.event = None
-        self.tensors = {}
-        for name, tensor in tensors.items():
-            if tensor.device.type == "cpu":
-                self.tensors[name] = tensor.contiguous()
-                continue
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host.copy_(tensor, non_blocking=True)
-            self.tensors[name] = host
-            self.event = getattr(torch, tensor.device.type).Event()
-        if self.event is not None:
-            self.event.record()  # after the copies, on the stream that computed the states
+        self.pool: PinnedPool | None = None
+        staged = {name: t for name, t in tensors.items() if platform.pinned_staging(t.device.type)}
+        self.tensors = {name: t.contiguous() for name, t in tensors.items() if name not in staged}
+        if staged:
+            sizes = [_aligned(t.numel() * t.element_size()) for t in staged.values()]
+            pool = pool_for()
+            block = pool.take(sum(sizes))
+            if block is None:  # larger than the whole pool: copied now, without page-locked memory
+                self.tensors.update({name: t.to("cpu") for name, t in staged.items()})
+            else:
+                self.pool, offset = pool, 0
+                for (name, tensor), size in zip(staged.items(), sizes, strict=True):
+                    host = block[offset:offset + tensor.numel() * tensor.element_size()]
+                    host = host.view(tensor.dtype).view(tensor.shape)
+                    host.copy_(tensor, non_blocking=True)
+                    self.tensors[name] = host
+                    offset += size
+                self.event = getattr(torch, next(iter(staged.values())).device.type).Event()
+                self.event.record()  # after the copies, on the stream that computed the states
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def on_host(self) -> dict[str, torch.Tensor]:
         if self.event is not None:
             self.event.synchronize()
         return self.tensors
+
+    def release(self) -> None:
+        """The writer is done with the tensors: their pinned block goes back to the pool."""
+        if self.pool is not None:
+            self.pool.release()
+            self.pool = None
 
 
 class _ShardWriter(Writer):
@@ -439,8 +509,14 @@ class _ShardWriter(Writer):
         self.error: BaseException | None = None
         self.shard: _ShardFile | None = None
         self.rows: dict[str, str] = {}
+        self.pool: PinnedPool | None = None  # made for the first row that needs it
         self.thread = threading.Thread(target=self._drain, name="shard-writer", daemon=True)
         self.thread.start()
+
+    def _pool(self) -> PinnedPool:
+        if self.pool is None:
+            self.pool = PinnedPool(PINNED_BYTES)
+        return self.pool
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -449,7 +525,7 @@ class _ShardWriter(Writer):
     def write(self, row: int, hidden_states: torch.Tensor, token_ids: torch.Tensor) -> None:
         self._raise()
         ids = token_ids.to("cpu", torch.int64)
-        staged = _Staged({**encode(hidden_states, self.store.storage), "token_ids": ids})
+        staged = _Staged({**encode(hidden_states, self.store.storage), "token_ids": ids}, self._pool)
         with self.room:
             self.room.wait_for(lambda: self.error is not None or self.queued_bytes == 0
                                or self.queued_bytes + staged.nbytes <= QUEUE_BYTES)
@@ -467,6 +543,7 @@ class _ShardWriter(Writer):
             except BaseException as err:  # raised in the extraction's thread, by write or close
                 self.error = err
             finally:
+                staged.release()
                 with self.room:
                     self.queued_bytes -= staged.nbytes
                     self.room.notify_all()
