@@ -416,6 +416,32 @@ def test_shards_indexed_with_sha256_stay_readable_and_verified(tmp_path):
     assert store.damaged() == [shard]
 
 
+def test_an_index_line_with_no_checksum_names_its_shard_as_damaged(tmp_path):
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    with store.writer() as writer:
+        writer.write(0, *states(ROWS[0]))
+    index = tmp_path / "hs" / "index.jsonl"
+    entry = json.loads(index.read_text())
+    del entry["xxh3_128"]
+    index.write_text(json.dumps(entry) + "\n")
+    with pytest.raises(OSError, match=f"{entry['shard']}: does not match its index entry"):
+        store.verify()
+
+
+def test_a_short_header_write_is_finished_not_taken_as_written(tmp_path, monkeypatch):
+    """pwrite, like write, may take part of a buffer: an unchecked return left a shard whose header was
+    cut short, of the right size, which verify: size would pass."""
+    from draftsmith.hidden_states import store as store_module
+
+    pwrite = store_module.os.pwrite
+    monkeypatch.setattr(store_module.os, "pwrite", lambda fd, data, offset: pwrite(fd, data[:100], offset))
+    store = ShardStore(tmp_path / "hs", FP, shard_mb=1)
+    with store.writer() as writer:
+        writer.write(0, *states(ROWS[0], value=3.0))
+    store.verify()
+    assert store.read(0)["hidden_states"][0, 0, 0] == 3.0
+
+
 def test_a_failing_shard_write_fails_the_extraction(tmp_path, monkeypatch):
     """The writer's thread hits a full disk: the extraction's next write (or the close) raises it,
     naming the store, and no shard is indexed; nothing is dropped in silence."""

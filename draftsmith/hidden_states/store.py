@@ -223,10 +223,13 @@ SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float8_e4m3fn: "F8_E4M3", to
 
 
 def _checksum_matches(path: Path, entry: dict) -> bool:
-    """Against the index line's checksum: xxh3-128, or sha256 for shards written before it."""
+    """Against the index line's checksum: xxh3-128, or sha256 for shards written before it. A line with
+    neither (cut or edited by hand) vouches for nothing: the shard counts as damaged."""
     if CHECKSUM in entry:
         return shard_checksum(path) == entry[CHECKSUM]
-    return file_sha256(path) == entry["sha256"]
+    if "sha256" in entry:
+        return file_sha256(path) == entry["sha256"]
+    return False
 
 
 def shard_checksum(path: Path) -> str:
@@ -299,7 +302,12 @@ class _ShardFile:
         if len(header) > self.header_bytes:
             raise AssertionError(f"{self.tmp}: header of {len(header)} bytes outgrew its {self.header_bytes}")
         head = self.header_bytes.to_bytes(8, "little") + header.ljust(self.header_bytes, b" ")
-        os.pwrite(self.fh.fileno(), head, 0)
+        written = 0
+        while written < len(head):  # like write(), pwrite may take part of the buffer
+            done = os.pwrite(self.fh.fileno(), head[written:], written)
+            if done == 0:
+                raise OSError(f"{self.tmp}: the header's write made no progress ({written} of {len(head)} bytes)")
+            written += done
         self.digest.update(head)
         os.fsync(self.fh.fileno())
         self.fh.close()
