@@ -68,6 +68,8 @@ def main() -> None:
                        "left_out": sorted(failed), "hidden_states": [hs_cfg["mode"], states],
                        "pretrained": pretrained and json.loads((pretrained / "check.json").read_text())}, 12)
     run_dir = Path(sm.params.runs_dir) / key
+    if tr.adopt_earlier_run(Path(sm.params.runs_dir), key, family):
+        log.info("run %s was made before drafter families: its checkpoints moved to %s and resume", key, run_dir)
     data_dir = run_dir / "data"
     if not data_dir.exists():
         tr.write_dataset(merged, data_dir, keep)

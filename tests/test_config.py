@@ -39,6 +39,8 @@ def test_defaults_are_filled_in_nested_dataset_entries():
     (("hidden_states",), {"backend": "sglang"}, "hidden_states.backend: 'sglang' is not one of"),
     (("datasets", "a", "max_samples"), 0, "datasets.a.max_samples: 0 is less than the minimum"),
     (("generation_server", "headers", "X-Key"), {"env": "lower case"}, "generation_server.headers.X-Key"),
+    # A value a release renamed says what replaced it (a file written for an earlier release).
+    (("hidden_states",), {"verify": "sha256"}, "hidden_states.verify: 'sha256' was renamed: write checksum"),
 ])
 def test_bad_config_names_the_key(path, value, expected):
     cfg = copy.deepcopy(MINIMAL)

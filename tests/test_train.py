@@ -475,3 +475,15 @@ def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypat
     assert 11 <= recorded["launch_s"] <= 14 and recorded["build_s"] == 1.0 and recorded["first_step_s"] == 10.0
     assert recorded["first_validation_s"] == 6.0 and recorded["steps_per_s"] == 2.0 and recorded["done_s"] == 22.0
     assert recorded["steps"] == 4 and "trainer: between epochs for" in caplog.text  # the heartbeat
+
+
+def test_an_eagle3_run_made_before_families_resumes_from_where_it_was(tmp_path):
+    """Its checkpoints were in results/train_runs/<key>/, now results/train_runs/eagle3/<key>/ (the same
+    key): left behind, a finished run trained again from scratch."""
+    runs = tmp_path / "results" / "train_runs"
+    (runs / "abc123" / "checkpoints" / "2").mkdir(parents=True)
+    (runs / "abc123" / "validation.jsonl").write_text("{}\n")
+    assert not tr.adopt_earlier_run(runs / "dflash", "abc123", "dflash")  # never another family's
+    assert tr.adopt_earlier_run(runs / "eagle3", "abc123", "eagle3")
+    assert (runs / "eagle3" / "abc123" / "checkpoints" / "2").is_dir() and not (runs / "abc123").exists()
+    assert not tr.adopt_earlier_run(runs / "eagle3", "abc123", "eagle3")  # once

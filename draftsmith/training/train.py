@@ -64,6 +64,18 @@ def write_dataset(merged: Path, dest: Path, keep: list[int]) -> None:
         ds.save_to_disk(str(tmp))
 
 
+def adopt_earlier_run(runs_dir: Path, key: str, family: str) -> bool:
+    """Move an EAGLE-3 run made before families existed (``results/train_runs/<key>/``: the same key, one
+    folder up) to where this family's runs are, so its checkpoints resume instead of training again.
+    Returns whether one was moved."""
+    earlier, here = runs_dir.parent / key, runs_dir / key
+    if family != families.DEFAULT_FAMILY or here.exists() or not (earlier / "checkpoints").is_dir():
+        return False
+    here.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(earlier, here)
+    return True
+
+
 def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path, d2t: Path, t2d: Path,
                      aux_layers: list[int], train_ratio: float, device: str, log_dir: Path, num_workers: int,
                      from_pretrained: Path | None = None, hidden_states_backend: str = "file",
