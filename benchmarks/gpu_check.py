@@ -5,22 +5,26 @@
 That machine is bare (Python 3.12, torch for CUDA, transformers; no vLLM, no network) and lent for
 15 minutes, a start included: the check must tell everything in one run of at most 6 minutes. It
 builds its own tiny targets with transformers' config classes and runs draftsmith's own code, each
-step in a process of its own with its own time limit (one failure never hides the next), and
-writes every result and phase timing to ``gpu_check.json``:
+step in a process of its own with its own time limit (one failure never hides the next), stops
+starting steps once its budget is spent, and writes every result, phase timing and each step's peak
+GPU memory to ``gpu_check.json``:
 
 1. ``extract_small`` / ``extract_large``: hidden states with the transformers backend at hidden 1,024
-   and at a Qwen3-8B width (hidden 4,096, vocab 151,936), against a bare forward pass of the same
-   batches and a raw write + fsync of the same bytes to the same disk (issue 37's goal: at least
-   0.8x of the slower of the two); the small one's states against the CPU's;
+   on rows of mixed lengths (batches padded) and at a Qwen3-8B width (hidden 4,096, vocab 151,936),
+   against a bare forward pass of the same batches and a raw write + fsync of the same bytes to the same
+   disk; the pinned host memory at its peak and the batch's stored-layer buffer; the small one's states
+   against the CPU's;
 2. ``probe``: what ``train.loss_implementation: auto`` and ``train.compile: auto`` choose on this GPU;
-3. ``train_fused`` / ``train_eager``: draftsmith's trainer under torchrun with each loss, compiled as
-   speculators compiles, with its phases (launch, build, first step, compile, first validation,
-   steps/s, exit); ``speculators_loop``: speculators' own loop on the same data and arguments;
-4. ``export``: the export vLLM loads, and whether the trained draft LM head moved.
+3. ``train_eagle3``: draftsmith's trainer under torchrun as a user's run gets it (the probe's choice),
+   with its phases; ``speculators_loop``: speculators' own loop on the same data and arguments;
+4. ``train_dflash`` / ``train_dspark``: each block family's probe and a few steps;
+5. ``train_long_compiled`` / ``train_long_uncompiled``: EAGLE-3 at a user's lengths (``total_seq_len``
+   8,192, 3 test-time steps) on the Qwen3-8B-wide states, compiled (FlexAttention) and not (sdpa);
+6. ``export``: every trained family's export, loaded back; whether EAGLE-3's trained draft head moved.
 
 ``--cpu`` runs the same steps on the CPU with small sizes (CI does, with vLLM not importable), so
-the check cannot rot; there the fused loss is not run (a Triton GPU kernel). The script exits 1
-when a step that ran broke; each step's error is in the JSON.
+the check cannot rot; there the fused loss and compilation are not run (Triton GPU kernels; speculators
+compiles only on CUDA). The script exits 1 when a step that ran broke; each step's error is in the JSON.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# Sizes: big enough on a GPU that the kernels, not Python, set the pace; small on a CPU.
+# Sizes: big enough on a GPU that the kernels, not Python, set the pace; small on a CPU. Rows of the
+# small size are of mixed lengths (tokens/4 to tokens): batches are padded, as users' are.
 SIZES = {
     "gpu": {"small": {"hidden": 1024, "layers": 8, "heads": 16, "vocab": 32000, "rows": 64, "tokens": 1024},
             "large": {"hidden": 4096, "layers": 4, "heads": 32, "vocab": 151936, "rows": 64, "tokens": 2048}},
@@ -44,11 +49,15 @@ SIZES = {
             "large": {"hidden": 256, "layers": 4, "heads": 4, "vocab": 8192, "rows": 8, "tokens": 256}},
 }
 AUX_LAYERS = [1, 2, 3]
+BUDGET_S = {"gpu": 300, "cpu": 1500}  # no step starts once the check has run this long
 # (step, the steps it needs, time limit in seconds on a GPU / on a CPU)
-STEPS = [("extract_small", (), 90, 300), ("extract_large", (), 120, 300), ("probe", (), 60, 120),
-         ("train_fused", ("extract_small",), 120, 60), ("train_eager", ("extract_small",), 120, 400),
-         ("speculators_loop", ("extract_small",), 120, 400), ("export", (), 60, 120)]
-TRAINED_BY = {"train_eager": "train_eager", "train_fused": "train_fused", "speculators_loop": "train_speculators"}
+STEPS = [("extract_small", (), 60, 300), ("extract_large", (), 90, 300), ("probe", (), 60, 120),
+         ("train_eagle3", ("extract_small",), 90, 400), ("speculators_loop", ("extract_small",), 60, 400),
+         ("train_dflash", ("extract_small",), 90, 400), ("train_dspark", ("extract_small",), 90, 400),
+         ("train_long_compiled", ("extract_large",), 90, 60), ("train_long_uncompiled", ("extract_large",), 90, 400),
+         ("export", (), 60, 120)]
+TRAINED = ("train_eagle3", "train_dflash", "train_dspark")  # the steps whose checkpoints the export takes
+MASK_TOKEN = 1  # below the check's token ids (10 and up): never in the data, as a block drafter's mask must be
 
 
 def say(message: str) -> None:
@@ -74,11 +83,16 @@ def build_target(dest: Path, size: dict, device: str) -> Path:
     return dest
 
 
-def make_rows(size: dict) -> list[list[int]]:
+def make_rows(size: dict, mixed: bool) -> list[list[int]]:
+    """Random token ids; ``mixed``: each row of its own length, from a quarter of ``tokens`` to all of it."""
     import torch
 
     generator = torch.Generator().manual_seed(1)
-    return torch.randint(10, size["vocab"], (size["rows"], size["tokens"]), generator=generator).tolist()
+    rows = torch.randint(10, size["vocab"], (size["rows"], size["tokens"]), generator=generator).tolist()
+    if not mixed:
+        return rows
+    shortest = size["tokens"] // 4
+    return [ids[:shortest + (i * 7919) % (size["tokens"] - shortest + 1)] for i, ids in enumerate(rows)]
 
 
 def raw_write_s(folder: Path, nbytes: int) -> float:
@@ -99,7 +113,8 @@ def raw_write_s(folder: Path, nbytes: int) -> float:
 
 def extract(out: Path, size_name: str, device: str, size: dict | None = None) -> dict:
     """draftsmith's transformers backend into a shard store, beside a bare forward pass of the same
-    batches and a raw write of the same bytes."""
+    (padded) batches and a raw write of the same bytes; the pinned host memory the writer staged rows
+    in, at its peak, and the stored-layer buffer of the largest batch by the code's own accounting."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -111,7 +126,7 @@ def extract(out: Path, size_name: str, device: str, size: dict | None = None) ->
     started = time.perf_counter()
     target = build_target(out / f"target_{size_name}", size, device)
     build_s = time.perf_counter() - started
-    rows = make_rows(size)
+    rows = make_rows(size, mixed=size_name == "small")
     dtype = compute.choose("auto").dtype
     tokens = sum(map(len, rows))
     store = ShardStore(out / f"hidden_states_{size_name}", fingerprint({"target": size_name}, AUX_LAYERS,
@@ -127,30 +142,41 @@ def extract(out: Path, size_name: str, device: str, size: dict | None = None) ->
     sync()
     load_s = time.perf_counter() - started
     extract_s = max(extract_s - load_s, 1e-9)
+    batches = hs.batches(list(enumerate(rows)), 8192)
     with torch.inference_mode():
-        batches = [torch.tensor([ids for _, ids in batch], device=device)
-                   for batch in hs.batches(list(enumerate(rows)), 8192)]
-        model.model(input_ids=batches[0][:1])  # warm-up
+        padded = [torch.tensor([ids + [0] * (len(batch[0][1]) - len(ids)) for _, ids in batch], device=device)
+                  for batch in batches]
+        model.model(input_ids=padded[0][:1])  # warm-up
         sync()
         started = time.perf_counter()
-        for ids in batches:
+        for ids in padded:
             model.model(input_ids=ids, output_hidden_states=True)
         sync()
         bare_s = time.perf_counter() - started
     stored = store.describe()["bytes"]
     write_s = raw_write_s(store.folder, stored)
+    itemsize = getattr(torch, dtype).itemsize
     result = {"hidden": size["hidden"], "vocab": size["vocab"], "layers": size["layers"], "rows": len(rows),
-              "tokens": tokens, "dtype": dtype, "build_s": round(build_s, 1), "load_s": round(load_s, 1),
-              "stored_bytes": stored,
+              "tokens": tokens, "row_lengths": [min(map(len, rows)), max(map(len, rows))], "dtype": dtype,
+              "build_s": round(build_s, 1), "load_s": round(load_s, 1), "stored_bytes": stored,
               "extract_tok_s": round(tokens / extract_s), "bare_forward_tok_s": round(tokens / bare_s),
-              "raw_write_tok_s": round(tokens / write_s), "raw_write_gb_s": round(stored / write_s / 1e9, 2)}
+              "raw_write_tok_s": round(tokens / write_s), "raw_write_gb_s": round(stored / write_s / 1e9, 2),
+              "padded_tokens": sum(len(b) * len(b[0][1]) for b in batches),
+              "batch_states_bytes": max(hs.batch_states_bytes(len(b) * len(b[0][1]), size["hidden"],
+                                                              len(AUX_LAYERS) + 1, itemsize) for b in batches),
+              "pinned_pool_bytes": writer.pool.capacity if writer.pool else 0,
+              "pinned_peak_bytes": writer.pool.peak if writer.pool else 0}
+    if device.startswith("cuda"):  # torch's own pinned allocator: anything staged outside the pool shows here
+        stats = torch.cuda.host_memory_stats()
+        result["host_allocator_peak_bytes"] = stats.get("allocated_bytes.all.peak", stats.get("reserved_bytes.peak"))
     # The goals (issue 37): at least 0.8x the slower of forward and write where they overlap (a GPU), and
     # 0.8x the two one after the other (a CPU computes the forward and writes on the same cores).
     result["ratio"] = round(result["extract_tok_s"] / min(result["bare_forward_tok_s"], result["raw_write_tok_s"]), 3)
     result["ratio_vs_forward_plus_write"] = round((bare_s + write_s) / extract_s, 3)
     if size_name == "small":
         result["against_cpu"] = against_cpu(target, rows, store, device)
-        result["data"] = {k: str(v) for k, v in training_data(rows, store, out, size["vocab"]).items()}
+    result["data"] = {k: str(v) for k, v in training_data(rows, store, out / f"data_{size_name}",
+                                                          size["vocab"]).items()}
     return result
 
 
@@ -167,8 +193,8 @@ def against_cpu(target: Path, rows: list[list[int]], store, device: str) -> str:
         def write(self, row, hidden_states, token_ids):
             self.states[row] = hidden_states.float()
 
-    cpu = Keep()
-    hs.extract_transformers(str(target), list(enumerate(rows[:2])), cpu, AUX_LAYERS, os.cpu_count() or 1,
+    cpu = Keep()  # the longest row and a shorter one, which the device computed padded
+    hs.extract_transformers(str(target), [(0, rows[0]), (1, rows[1])], cpu, AUX_LAYERS, os.cpu_count() or 1,
                             "float32", device="cpu")
     worst = 1.0
     for row, expected in cpu.states.items():
@@ -180,9 +206,9 @@ def against_cpu(target: Path, rows: list[list[int]], store, device: str) -> str:
     return f"min cosine similarity {worst:.4f} over {len(cpu.states)} rows x {len(AUX_LAYERS) + 1} layers"
 
 
-def training_data(rows: list[list[int]], store, out: Path, vocab: int) -> dict:
+def training_data(rows: list[list[int]], store, folder: Path, vocab: int) -> dict:
     """The merged table, the data folder speculators reads and the vocabulary mapping, as the workflow
-    writes them (draftsmith's own functions)."""
+    writes them (draftsmith's own functions), in ``folder``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -191,16 +217,17 @@ def training_data(rows: list[list[int]], store, out: Path, vocab: int) -> dict:
     from draftsmith.hidden_states.store import write_locations
     from draftsmith.training import train as tr
 
+    folder.mkdir(parents=True, exist_ok=True)
     n_train = len(rows) - max(2, len(rows) // 8)
-    merged = out / "merged.parquet"
+    merged = folder / "merged.parquet"
     pq.write_table(pa.Table.from_pylist([
         {"input_ids": ids, "loss_mask": [0] * 8 + [1] * (len(ids) - 8), "seq_len": len(ids), "dataset": "check",
          "source_row": i, "split": TRAIN if i < n_train else VALIDATION} for i, ids in enumerate(rows)]), merged)
-    data_dir = out / "data"
+    data_dir = folder / "data"
     tr.write_dataset(merged, data_dir, list(range(len(rows))))
     write_locations(data_dir, store.locations(list(range(len(rows)))))
-    vb.build(merged, min(2048, vocab), vocab, out / "d2t.npy", out / "t2d.npy", out / "vocab.json")
-    return {"data_dir": data_dir, "ratio": train_ratio(n_train, len(rows)),
+    vb.build(merged, min(2048, vocab), vocab, folder / "d2t.npy", folder / "t2d.npy", folder / "vocab.json")
+    return {"folder": folder, "data_dir": data_dir, "ratio": train_ratio(n_train, len(rows)),
             "trained_tokens": sum(len(ids) for ids in rows[:n_train])}
 
 
@@ -208,6 +235,16 @@ TRAIN_CFG = {"num_layers": 1, "epochs": 2, "lr": 3e-4, "optimizer": "adamw", "we
              "warmup_steps": None, "warmup_ratio": None, "total_seq_len": 2048, "ttt_steps": 3,
              "ttt_step_loss_decay": 1.0, "seed": 0, "max_steps": None, "architecture": "eagle3", "fc_norm": False,
              "draft_arch": "llama", "loss_fn": "kl_div", "train_lm_head": True}
+# A block family as a user's config leaves it (loss and layers to speculators' recipe), with a small block
+# and one layer so a few steps take seconds.
+BLOCK_CFG = {"num_layers": 1, "block_size": 8, "mask_token_id": None, "loss_fn": None}
+# A user's lengths (the schema's defaults): 8,192 tokens a step, EAGLE-3's 3 test-time steps; a few steps.
+LONG = {"gpu": {"total_seq_len": 8192, "max_steps": 8}, "cpu": {"total_seq_len": 1024, "max_steps": 2}}
+# The training steps: (family, the extraction whose data it reads, torch.compile setting, user's lengths).
+TRAINING = {"train_eagle3": ("eagle3", "small", "auto", False), "speculators_loop": ("eagle3", "small", "auto", False),
+            "train_dflash": ("dflash", "small", "auto", False), "train_dspark": ("dspark", "small", "auto", False),
+            "train_long_compiled": ("eagle3", "large", "on", True),
+            "train_long_uncompiled": ("eagle3", "large", "off", True)}
 
 SPECULATORS_LOOP = """import sys
 from draftsmith.hidden_states import store  # noqa: F401 - the shard layout's reader, nothing else of draftsmith
@@ -225,22 +262,44 @@ def with_repo_on_path() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
-def train(out: Path, step: str, loss: str, device: str, processes: int) -> dict:
-    """draftsmith's trainer under torchrun with ``loss``, or speculators' own loop on the same arguments."""
-    from draftsmith.core import compute
+def settings(family: str, long: dict | None) -> dict:
+    """One family's training settings as scripts/train.py gets them (families.settings' shape)."""
+    from draftsmith.training import families
+
+    cfg = {**TRAIN_CFG, **(long or {})}
+    if family == families.DEFAULT_FAMILY:
+        return cfg
+    return {**{k: cfg[k] for k in families.SHARED_KEYS if k in cfg}, **BLOCK_CFG, "epochs": 1, "max_steps": 6,
+            "family": family}
+
+
+def train(out: Path, step: str, device: str, processes: int) -> dict:
+    """draftsmith's trainer under torchrun for ``step``'s family, lengths and compilation, the probe
+    choosing what ``auto`` leaves open (as scripts/train.py does); or speculators' own loop on the same
+    arguments."""
+    from draftsmith.core import compute, platform
+    from draftsmith.training import probe
     from draftsmith.training import train as tr
 
-    on_cpu = device == "cpu"
-    data = json.loads((out / "steps" / "extract_small.json").read_text())["result"]["data"]
+    family, size, compile_setting, user_lengths = TRAINING[step]
+    if compile_setting == "on" and not platform.probes_trainer(device):
+        raise NotImplementedError("not run on a CPU: speculators compiles only on CUDA")
+    cfg = settings(family, LONG["cpu" if device == "cpu" else "gpu"] if user_lengths else None)
+    data = json.loads((out / "steps" / f"extract_{size}.json").read_text())["result"]["data"]
+    folder = Path(data["folder"])
+    choice = probe.choose({"loss_implementation": "auto", "compile": compile_setting}, cfg, device)
     dtype = compute.choose("auto", training=True).dtype
-    run_dir = out / TRAINED_BY[step]
-    argv = tr.speculators_args(TRAIN_CFG, verifier=str(out / "target_small"), data_dir=Path(data["data_dir"]),
-                               save_dir=run_dir / "checkpoints", d2t=out / "d2t.npy", t2d=out / "t2d.npy",
+    run_dir = out / step
+    argv = tr.speculators_args(cfg, verifier=str(out / f"target_{size}"), data_dir=Path(data["data_dir"]),
+                               save_dir=run_dir / "checkpoints", d2t=folder / "d2t.npy", t2d=folder / "t2d.npy",
                                aux_layers=AUX_LAYERS, train_ratio=float(data["ratio"]), device=device,
                                log_dir=run_dir / "logs", num_workers=1, hidden_states_backend="draftsmith",
-                               dtype=dtype, loss_implementation=loss, compile_=not on_cpu)
+                               dtype=dtype, loss_implementation=choice.loss_implementation, compile_=choice.compile,
+                               mask_token_id=None if family == "eagle3" else MASK_TOKEN)
+    result: dict = {"family": family, "dtype": dtype, "trainer": choice.as_dict(), "processes": processes,
+                    "total_seq_len": cfg["total_seq_len"],
+                    "draft_attention": argv[argv.index("--draft-attn-impl") + 1]}
     started = time.perf_counter()
-    result: dict = {"dtype": dtype, "loss": loss, "compiled": not on_cpu, "processes": processes}
     if step == "speculators_loop":
         loop = out / "speculators_loop.py"
         loop.write_text(SPECULATORS_LOOP)
@@ -250,17 +309,18 @@ def train(out: Path, step: str, loss: str, device: str, processes: int) -> dict:
     else:
         validation = tr.train_under_torchrun(processes, run_dir / "validation.jsonl", argv, os.cpu_count() or 1)
         result["phases"] = json.loads(tr.phases_file(run_dir / "validation.jsonl").read_text())
-        result["full_acc_0"] = [round(e.get("full_acc_0_epoch", float("nan")), 4) for e in validation]
+        result["simulated_tau"] = [round(tr.simulated_tau(e), 4) for e in validation]
         result["checkpoint"] = str(tr.choose_checkpoint(run_dir / "checkpoints", validation)[0])
     wall = time.perf_counter() - started
     result["wall_s"] = round(wall, 1)
-    result["tok_s"] = round(TRAIN_CFG["epochs"] * int(data["trained_tokens"]) / wall)
+    if not cfg.get("max_steps"):  # whole epochs: their tokens over the wall time
+        result["tok_s"] = round(cfg["epochs"] * int(data["trained_tokens"]) / wall)
     return result
 
 
 def export(out: Path) -> dict:
-    """The export vLLM reads, loaded back; and whether the draft LM head left the verifier's rows it
-    started from (train_lm_head)."""
+    """Every trained family's export as vLLM reads it, loaded back (EAGLE-3 into speculators' model); and
+    whether EAGLE-3's draft LM head left the verifier's rows it started from (train_lm_head)."""
     import numpy as np
     import torch
     from safetensors.torch import load_file
@@ -268,24 +328,30 @@ def export(out: Path) -> dict:
 
     from draftsmith.training.export import export_vllm
 
-    trained = [json.loads(f.read_text()) for f in (out / "steps" / "train_eager.json", out / "steps" /
-                                                    "train_fused.json") if f.exists()]
-    finished = [r["result"]["checkpoint"] for r in trained if r.get("ok")]
+    records = {step: json.loads((out / "steps" / f"{step}.json").read_text()) for step in TRAINED
+               if (out / "steps" / f"{step}.json").exists()}
+    finished = {r["result"]["family"]: Path(r["result"]["checkpoint"]) for r in records.values() if r.get("ok")}
     if not finished:
         raise NotImplementedError("no training step finished")
-    checkpoint = Path(finished[0])
     target = out / "target_small"
-    drafter = out / "drafter"
-    drafter.mkdir(exist_ok=True)
-    started = time.perf_counter()
-    export_vllm(checkpoint, drafter / "model.safetensors", drafter / "config.json", verifier_ref=str(target))
-    model = Eagle3DraftModel.from_pretrained(str(drafter))
-    d2t = torch.from_numpy(np.load(out / "d2t.npy"))
-    start = load_file(str(target / "model.safetensors"))["lm_head.weight"][torch.arange(len(d2t)) + d2t]
-    trained = load_file(str(drafter / "model.safetensors"))["lm_head.weight"]
-    return {"export_s": round(time.perf_counter() - started, 1),
-            "parameters": sum(p.numel() for p in model.parameters()), "fc": list(model.fc.weight.shape),
-            "head_moved": (trained.float() - start.float()).abs().max().item()}
+    result: dict = {}
+    for family, checkpoint in finished.items():
+        drafter = out / "drafters" / family
+        drafter.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        config = export_vllm(checkpoint, drafter / "model.safetensors", drafter / "config.json",
+                             verifier_ref=str(target))
+        result[family] = {"export_s": round(time.perf_counter() - started, 1),
+                          "type": config.get("speculators_model_type", "eagle3")}
+    if "eagle3" in finished:
+        drafter = out / "drafters" / "eagle3"
+        model = Eagle3DraftModel.from_pretrained(str(drafter))
+        d2t = torch.from_numpy(np.load(out / "data_small" / "d2t.npy"))
+        start = load_file(str(target / "model.safetensors"))["lm_head.weight"][torch.arange(len(d2t)) + d2t]
+        trained = load_file(str(drafter / "model.safetensors"))["lm_head.weight"]
+        result["eagle3"].update(parameters=sum(p.numel() for p in model.parameters()), fc=list(model.fc.weight.shape),
+                                head_moved=(trained.float() - start.float()).abs().max().item())
+    return result
 
 
 def run_step(step: str, out: Path, device: str, processes: int) -> dict:
@@ -297,14 +363,8 @@ def run_step(step: str, out: Path, device: str, processes: int) -> dict:
         started = time.perf_counter()
         return {**probe.choose({"loss_implementation": "auto", "compile": "auto"}, TRAIN_CFG, device).as_dict(),
                 "seconds": round(time.perf_counter() - started, 1)}
-    if step == "train_fused":
-        if device == "cpu":
-            raise NotImplementedError("not run on a CPU: the fused loss is a Triton GPU kernel")
-        return train(out, step, "fused", device, processes)
-    if step == "train_eager":
-        return train(out, step, "eager", device, processes)
-    if step == "speculators_loop":
-        return train(out, step, "eager", device, processes)
+    if step in TRAINING:
+        return train(out, step, device, processes)
     return export(out)
 
 
@@ -356,12 +416,18 @@ def main() -> int:
                     "driver": devices.driver_version(), "packages": versions(), "steps": {}}
     say(f"python {report['python']}, torch {report['torch']}, device {report['device']}, NVIDIA driver "
         f"{report['driver'] or 'none'}, work folder {out}")
+    budget, started = BUDGET_S["cpu" if args.cpu else "gpu"], time.monotonic()
     for step, needs, gpu_limit, cpu_limit in STEPS:
         failed = [n for n in needs if not report["steps"].get(n, {}).get("ok")]
         if failed:
             report["steps"][step] = {"ok": None, "not_run": f"needs {', '.join(failed)}"}
+        elif time.monotonic() - started > budget:
+            report["steps"][step] = {"ok": None, "not_run": f"the check's budget of {budget} s was spent"}
         else:
-            report["steps"][step] = run_isolated(step, out, args.cpu, processes, cpu_limit if args.cpu else gpu_limit)
+            with PeakGpuMemory() as peak:
+                report["steps"][step] = run_isolated(step, out, args.cpu, processes,
+                                                     cpu_limit if args.cpu else gpu_limit)
+            report["steps"][step]["peak_gpu_mib"] = peak.mib
         say(f"{step}: {summary(report['steps'][step])}")
     try:
         import vllm  # noqa: F401
@@ -385,7 +451,7 @@ def run_isolated(step: str, out: Path, cpu: bool, processes: int, limit_s: int) 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.wait()
-        phases = out / TRAINED_BY.get(step, step) / "phases.json"  # where a stalled trainer had got to
+        phases = out / step / "phases.json"  # where a stalled trainer had got to
         return {"ok": False, "error": f"no result within its limit of {limit_s} s", "seconds": limit_s,
                 **({"phases": json.loads(phases.read_text())} if phases.exists() else {})}
     record_file = out / "steps" / f"{step}.json"
@@ -395,13 +461,48 @@ def run_isolated(step: str, out: Path, cpu: bool, processes: int, limit_s: int) 
     return json.loads(record_file.read_text())
 
 
+class PeakGpuMemory:
+    """The GPUs' memory in use at its peak while a step runs (its own process and the trainer's ranks),
+    sampled from nvidia-smi twice a second; None without one."""
+
+    def __init__(self, interval_s: float = 0.5):
+        import threading
+
+        self.interval_s, self.mib = interval_s, None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            if out.returncode != 0:
+                return
+            used = sum(int(v) for v in out.stdout.split() if v.isdigit())
+            self.mib = max(self.mib or 0, used)
+            if self.stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> PeakGpuMemory:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 def summary(record: dict) -> str:
     if record["ok"] is None:
         return f"not run ({record['not_run']})"
     if not record["ok"]:
         return f"FAILED after {record.get('seconds', 0):.0f} s: {record['error'][:300]}"
     shown = {k: v for k, v in record["result"].items() if k not in ("data", "checkpoint")}
-    return f"ok in {record['seconds']:.0f} s: {json.dumps(shown)}"
+    memory = f", peak GPU memory {record['peak_gpu_mib']} MiB" if record.get("peak_gpu_mib") is not None else ""
+    return f"ok in {record['seconds']:.0f} s{memory}: {json.dumps(shown)}"
 
 
 def versions() -> dict:
