@@ -16,6 +16,7 @@ wildcard_constraints:
     generated="|".join(GENERATED) or "^$",
     pretokenized="|".join(PRETOKENIZED) or "^$",
     family="|".join(FAMILIES),
+    method="|".join(METHODS),
 
 
 include: "rules/model.smk"

@@ -1,9 +1,9 @@
 """Drafter recipes side by side at a fixed data budget, on your own data.
 
 One config (your datasets, evaluation sets, target) and a list of recipes, each a set of ``train:``
-overrides. The data stages (generation, tokenization, merge and split, hidden states, vocabulary)
-and the baseline measurement (the target alone) run once in ``WORKDIR/shared``; every recipe × seed
-trains, exports and is evaluated in its own folder that links to those results, so only training
+overrides. The data stages (generation, tokenization, merge and split, hidden states, vocabulary) run
+once in ``WORKDIR/shared``; every recipe × seed trains, exports and is evaluated (against the target
+alone measured in the same window) in its own folder that links to those results, so only training
 differs; a run that would redo any shared result (and so write into the shared folder) is refused
 before it starts. Every recipe gets the same epochs, data and seeds. A recipe × seed already
 evaluated is picked up, not rerun: a long comparison can be run one recipe at a time (``--only``),
@@ -14,7 +14,8 @@ train overrides): that storage's hidden states are extracted once, in ``WORKDIR/
 (linked to the shared answers, tokens and split), and every seed of the recipe trains on them.
 
 Printed and written to ``WORKDIR/recipes.md`` (+ ``recipes.png``): τ per evaluation set at each
-temperature (pooled, from vLLM; mean and spread over seeds), the ratio to the first recipe (by
+temperature (pooled, from vLLM, at the picked draft length and ``evaluation.pick_at``; mean and spread
+over seeds), the ratio to the first recipe (by
 default speculators' own recipe), simulated τ from validation, acceptance per draft position,
 training time, the engines that can serve each recipe, and time to quality: the epoch (and training
 wall time) at which a recipe's simulated τ first reached the first recipe's final one.
@@ -55,7 +56,7 @@ DEFAULT_RECIPES = {
     "lm_head_trained": {"train_lm_head": True},
 }
 SHARED = ("results/models", "results/checks", "results/prompts", "results/responses", "results/tokenized",
-          "results/merged", "results/hidden_states", "results/vocab", "results/evaluation/baseline.json")
+          "results/merged", "results/hidden_states", "results/vocab")
 
 
 EMBEDDED = REPO / "config" / "config.yaml"  # the recipe configs change the CPU demo: laid over it
@@ -94,7 +95,7 @@ def refuse_shared_reruns(run: Path, planned: list[str]) -> None:
 
 def prepare_shared(workdir: Path, config: Path) -> Path:
     shared = workdir / "shared"
-    snakemake(shared, [config], "results/vocab/d2t.npy", "results/evaluation/baseline.json", *[
+    snakemake(shared, [config], "results/vocab/d2t.npy", *[
         f"results/hidden_states/{d}/manifest.json" for d in datasets_of(config)])
     return shared
 
@@ -170,7 +171,7 @@ def summarise(run: Path) -> dict:
     training = json.loads((run / f"results/train/{family}/training.json").read_text())
     with (run / f"results/timings/train_{family}.tsv").open() as fh:
         seconds = float(next(csv.DictReader(fh, delimiter="\t"))["s"])
-    taus = {(r["set"], r["temperature"]): r["drafters"]["finetuned"]["acceptance"] for r in results["runs"]}
+    taus = {(r["set"], r["temperature"]): r["acceptance"] for r in results["runs"]}  # the picked cell's
     validation = training["validation"]
     epoch_s = [e.get("train_s") for e in validation]
     if None in epoch_s:  # trained before per-epoch times were recorded: the job's time shared out evenly
@@ -179,7 +180,7 @@ def summarise(run: Path) -> dict:
             "per_position": {k: v["acceptance_rate_per_position"] for k, v in taus.items()},
             "simulated": [simulated_tau(e) for e in validation], "epoch_s": epoch_s, "train_s": seconds,
             "served_by": "vLLM" if sglang_refusal(json.loads((run / "results/drafter/config.json").read_text()))
-            else "vLLM, SGLang", "family": family, "speedup": pick.score(pick.family_runs(results), "speedup"),
+            else "vLLM, SGLang", "family": family, "speedup": pick.score(results["runs"], "speedup"),
             "drafter_mib": (run / "results/drafter/final.safetensors").stat().st_size / 2**20}
 
 

@@ -55,16 +55,18 @@ def measure_run(run: Path, config: dict, evaluation: dict, temperatures: list[fl
     os.chdir(run)  # the run's relative paths: its prepared target under results/models
     target = resolve(config["target"], REPO)
     sets = ev.prompt_sets(evaluation, REPO)
-    spec = ev.server_spec("vllm", target, config["server"], str(run / "results" / "drafter"),
-                          evaluation["num_speculative_tokens"])
+    drafter = str(run / "results" / "drafter")
+    family, k = ev.drafted_per_step(drafter, evaluation["num_speculative_tokens"][0])
+    spec = ev.server_spec("vllm", target, config["server"], family, k, drafter)
     rows = []
     with managed_server(spec, run / "logs" / "reevaluate.server.log") as server:
+        ev.warm_up(server.base_url, target.model, sets, max_tokens)
         for name, prompts in sets.items():
             for t in temperatures:
                 for repeat in range(repeats):
                     sampling = ev.sampling(max_tokens, t, compute.has_accelerator())  # as the evaluation seeds
                     measured = ev.measure(server.base_url, target.model, prompts, sampling,
-                                          evaluation["concurrency"], "vllm")
+                                          evaluation["concurrency"][0], "vllm")
                     rows.append({"run": run.name, "set": name, "prompts": len(prompts), "temperature": t,
                                  "repeat": repeat, "tau": measured["acceptance"]["tau_pooled"],
                                  "output_tokens": measured["output_tokens"]})
@@ -100,7 +102,7 @@ def main() -> None:
     # recipe configs are laid over the CPU demo, as recipes.py lays them
     config = validate_config(load_layers([WORKFLOW_DIR / EMBEDDED, args.config.resolve()], {}))
     evaluation = widened(config["evaluation"], args.sets, args.skip, args.max_samples)
-    evaluation["concurrency"] = args.concurrency or evaluation["concurrency"]
+    evaluation["concurrency"] = [args.concurrency] if args.concurrency else evaluation["concurrency"]
     max_tokens = args.max_tokens or evaluation["max_tokens"]
     runs = [r.resolve() for r in args.runs]
     out = (args.out or runs[0].parent / "reevaluate.json").resolve()  # before measure_run enters each run's folder

@@ -45,14 +45,9 @@ BASE_MODEL = config["target"]["base_model"] or (
     TARGET.source if TARGET.kind == "hub" else TARGET.name
 )
 CONFIG_DIGEST = json_digest(RESULT, 16)
-DRAFTER_EVALUATION_KEYS = ("num_speculative_tokens", "pick_by")
-BASELINE_EVALUATION = (
-    {  # what the target-only measurement depends on: no drafter setting
-        k: v
-        for k, v in RESULT["evaluation"].items()
-        if k not in DRAFTER_EVALUATION_KEYS
-    }
-)
+# What every method's measurement depends on (the grid); each method adds its own settings
+# (method_evaluation), and the pick's own keys (pick_by, pick_at, training_free) enter no measurement.
+GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency")
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
 
@@ -184,6 +179,9 @@ def pretrained_input(wildcards=None):
 
 
 FAMILIES = config["train"]["families"]
+TRAINING_FREE = config["evaluation"]["training_free"]
+METHODS = [*FAMILIES, *TRAINING_FREE]  # what the evaluation measures side by side
+PICK_AT = config["evaluation"]["pick_at"] or config["evaluation"]["concurrency"][0]
 
 
 def family_settings(wildcards=None, family=None):
@@ -200,14 +198,69 @@ def family_pretrained_input(wildcards):
     )
 
 
-def family_evaluation(wildcards):
-    """The evaluation settings a family's measurement depends on (EAGLE-3's chain length is its own)."""
-    if wildcards.family == drafter_families.DEFAULT_FAMILY:
-        return {
-            **BASELINE_EVALUATION,
-            "num_speculative_tokens": RESULT["evaluation"]["num_speculative_tokens"],
-        }
-    return BASELINE_EVALUATION
+def method_evaluation(wildcards):
+    """The evaluation settings one method's measurement depends on: the grid, and its own draft lengths
+    (EAGLE-3 and the training-free methods; a block family drafts its trained block) and settings.
+    """
+    evaluation = RESULT["evaluation"]
+    own = {k: evaluation[k] for k in GRID_KEYS}
+    if (
+        wildcards.method == drafter_families.DEFAULT_FAMILY
+        or wildcards.method in TRAINING_FREE
+    ):
+        own["num_speculative_tokens"] = evaluation["num_speculative_tokens"]
+    if wildcards.method == "ngram":
+        own["ngram"] = evaluation["ngram"]
+    return own
+
+
+def evaluation_inputs(wildcards):
+    """A method's measurement reads the target and the prompts; a trained family also its export and
+    gate (and EAGLE-3 a warm start's pretrained drafter, measured beside it)."""
+    inputs = {"model": target_input(), "prompts": evaluation_sources()}
+    family = wildcards.method
+    if family in FAMILIES:
+        inputs.update(
+            drafter=f"results/drafters/{family}/final.safetensors",
+            drafter_config=f"results/drafters/{family}/config.json",
+            gate=f"results/drafters/{family}/gate.json",
+        )
+        if family == drafter_families.DEFAULT_FAMILY and WARM_START:
+            inputs["pretrained"] = pretrained_input()
+    return inputs
+
+
+def evaluation_servers(wildcards):
+    """Servers a method's job starts: the target alone, then one per draft length and drafter."""
+    lengths = (
+        1
+        if wildcards.method in FAMILIES
+        and wildcards.method != drafter_families.DEFAULT_FAMILY
+        else len(config["evaluation"]["num_speculative_tokens"])
+    )
+    drafters = (
+        2 if wildcards.method == drafter_families.DEFAULT_FAMILY and WARM_START else 1
+    )
+    return 1 + lengths * drafters
+
+
+def measurement_threads():
+    """A measurement on a CPU server holds the machine: Snakemake runs nothing beside a job of all its
+    cores (a training job beside a measurement read a 1.05x speed-up as 2.17x). On GPUs it computes on
+    its own devices, and a cluster job on its own node."""
+    threads = config["server"]["threads"]
+    if config["server"]["gpus"] or workflow.nodes is not None:
+        return threads
+    try:
+        return max(threads, workflow.cores)
+    except WorkflowError:  # no --cores given (a dry run): the count does not matter
+        return threads
+
+
+# One measurement at a time, whatever the executor: a resource Snakemake's scheduler holds to 1 (unless
+# the command line sets it).
+if "measurement" not in workflow.global_resources:
+    workflow.register_resource("measurement", 1)
 
 
 def manifests(wildcards=None):

@@ -1,63 +1,38 @@
-rule evaluate_baseline:
-    """The held-out prompts through the target alone: measured once, whatever drafter follows."""
-    input:
-        model=target_input,
-        prompts=evaluation_sources,
-    output:
-        baseline="results/evaluation/baseline.json",
-    log:
-        main="logs/evaluate/baseline.log",
-        server="logs/evaluate/baseline.server.log",
-    benchmark:
-        "results/timings/evaluate_baseline.tsv"
-    threads: config["server"]["threads"]
-    resources:
-        gpu=config["server"]["gpus"],
-        tasks_per_gpu=ONE_TASK_PER_JOB,
-        mem_mb=config["server"]["mem_mb"],
-        runtime=server_runtime(12 * 60),
-    params:
-        evaluation=BASELINE_EVALUATION,
-        server=RESULT["server"],
-    script:
-        "../scripts/evaluate_baseline.py"
-
-
 rule evaluate:
-    """Held-out prompts through a vLLM server per drafter of one family; τ from /metrics deltas (a family the
-    engine cannot serve on this machine is recorded as such, with no figure)."""
+    """One serving method (a trained family, or a training-free one: n-gram, suffix decoding) against the
+    target alone, measured in one window that holds the machine: every draft length x concurrency x
+    prompt set x temperature, τ from /metrics deltas. A family the engine cannot serve here, or whose
+    export or gate failed, is recorded as such, with no figure."""
     input:
-        model=target_input,
-        drafter="results/drafters/{family}/final.safetensors",
-        drafter_config="results/drafters/{family}/config.json",
-        gate="results/drafters/{family}/gate.json",
-        baseline="results/evaluation/baseline.json",
-        prompts=evaluation_sources,
-        pretrained=family_pretrained_input,
+        unpack(evaluation_inputs),
     output:
-        results="results/evaluation/{family}.json",
+        results="results/evaluation/{method}.json",
     log:
-        main="logs/evaluate/{family}.log",
+        main="logs/evaluate/{method}.log",
     benchmark:
-        "results/timings/evaluate_{family}.tsv"
-    threads: config["server"]["threads"]
+        "results/timings/evaluate_{method}.tsv"
+    threads: measurement_threads()
     resources:
         gpu=config["server"]["gpus"],
         tasks_per_gpu=ONE_TASK_PER_JOB,
         mem_mb=config["server"]["mem_mb"],
-        runtime=server_runtime(12 * 60, servers=2 if WARM_START else 1),  # one per drafter
+        runtime=lambda wildcards: server_runtime(
+            12 * 60, servers=evaluation_servers(wildcards)
+        ),
+        measurement=1,  # one measurement at a time (common.smk registers it)
     params:
-        evaluation=family_evaluation,
+        evaluation=method_evaluation,
         server=RESULT["server"],
     script:
         "../scripts/evaluate.py"
 
 
 rule pick:
-    """The family with the best measured speed-up (or τ: evaluation.pick_by) becomes results/drafter/;
-    results.json is its evaluation with every family side by side."""
+    """Per concurrency the best serving setting (method, draft tokens) of all measured; the trained family
+    that wins at evaluation.pick_at becomes results/drafter/ (a family left out says why). results.json
+    holds every method's cells side by side."""
     input:
-        evaluations=expand("results/evaluation/{family}.json", family=FAMILIES),
+        evaluations=expand("results/evaluation/{method}.json", method=METHODS),
         trainings=expand("results/train/{family}/training.json", family=FAMILIES),
         drafters=expand("results/drafters/{family}/final.safetensors", family=FAMILIES),
         configs=expand("results/drafters/{family}/config.json", family=FAMILIES),
@@ -77,13 +52,38 @@ rule pick:
         runtime=10,
     params:
         families=FAMILIES,
-        pick_by=config["evaluation"]["pick_by"],
+        pick_by=RESULT["evaluation"]["pick_by"],
+        pick_at=PICK_AT,
+        concurrency=RESULT["evaluation"]["concurrency"],
+        ngram=RESULT["evaluation"]["ngram"],
     script:
         "../scripts/pick.py"
 
 
+rule training_free:
+    """Training-free speculation alone (no hidden states, no training): per concurrency the best
+    training-free setting against the target alone. `./run.sh results/evaluation/training_free.md`
+    tells in minutes whether a drafter is worth days."""
+    input:
+        evaluations=expand("results/evaluation/{method}.json", method=TRAINING_FREE),
+    output:
+        markdown="results/evaluation/training_free.md",
+    log:
+        "logs/training_free.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    params:
+        pick_by=RESULT["evaluation"]["pick_by"],
+        concurrency=RESULT["evaluation"]["concurrency"],
+    script:
+        "../scripts/training_free.py"
+
+
 rule report:
-    """The report: evaluation, training curves, generation and data statistics, with plots."""
+    """The report: the serving recipe and speed-up map, evaluation, training curves, generation and data
+    statistics, with plots."""
     input:
         results="results/evaluation/results.json",
         generation=expand("results/responses/{dataset}.stats.json", dataset=GENERATED),
@@ -97,6 +97,11 @@ rule report:
         plot=report(
             "results/report/acceptance.png",
             caption="../report/acceptance.rst",
+            category="Evaluation",
+        ),
+        speedup_map=report(
+            "results/report/speedup_map.png",
+            caption="../report/speedup_map.rst",
             category="Evaluation",
         ),
         table=report(

@@ -1,7 +1,9 @@
 rule plan:
-    """Tokens, bytes, time and cost per dataset and stage before running (no server, no weights)."""
+    """Tokens, bytes, time and cost per dataset and stage, and the evaluation grid's, before running
+    (no server, no weights)."""
     input:
         prompts=expand("results/prompts/{dataset}.jsonl", dataset=GENERATED),
+        evaluation=evaluation_sources,
     output:
         markdown=report(
             "results/plan.md", caption="../report/plan.rst", category="Plan"

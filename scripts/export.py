@@ -1,12 +1,14 @@
 import asyncio
 import json
 import logging
+import shutil
 from pathlib import Path
 
 from draftsmith.config import target
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation import evaluate as ev
-from draftsmith.generation.server import managed_server
+from draftsmith.generation import vllm_fixes
+from draftsmith.generation.server import ServerError, managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
 from draftsmith.training import families
@@ -17,20 +19,26 @@ log = logging.getLogger("draftsmith.training.export")
 GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts its trained block)
 
 
-class GateFailed(ValueError):
-    pass
+def failed(checkpoint: Path, reason: str, epoch: int) -> None:
+    """A family whose export or gate failed: its checkpoint as speculators saved it, and the verdict, so
+    the other families' pick stands and the report names why this one is left out."""
+    for source, dest in ((checkpoint / "model.safetensors", sm.output.weights),
+                         (checkpoint / "config.json", sm.output.config)):
+        shutil.copyfile(source, dest)
+    write_json(sm.output.gate, {"passed": False, "served": None, "verdict": reason, "epoch": epoch})
+    log.error("%s: left out of the pick: %s", sm.wildcards.family, reason)
 
 
 def main() -> None:
     family = sm.wildcards.family
     summary = json.loads(Path(sm.input.summary).read_text())
     checkpoint, tgt = Path(summary["checkpoint"]), target_of(sm)
+    epoch = summary["chosen"]["epoch"]
     model = tgt.model
     drafter = Path(sm.output.weights).parent
-    ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
-                   verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
     sglang = sm.params.export["sglang"]
-    why_not = ex.sglang_refusal(json.loads((checkpoint / "config.json").read_text()))
+    checkpoint_config = json.loads((checkpoint / "config.json").read_text())
+    why_not = ex.sglang_refusal(checkpoint_config)
     if sglang is True or (sglang == "auto" and not why_not):
         ex.export_sglang(checkpoint, Path(sm.output.sglang))
     else:
@@ -38,28 +46,39 @@ def main() -> None:
         Path(sm.output.sglang).mkdir(parents=True, exist_ok=True)
         write_text(Path(sm.output.sglang) / "NOT_EXPORTED.txt", reason + "\n")
         log.warning("SGLang: %s", reason)
-    unserved = families.not_served_here(family, on_gpus=sm.resources.gpu > 0)
+    try:
+        ex.export_vllm(checkpoint, Path(sm.output.weights), Path(sm.output.config),
+                       verifier_ref=target.verifier_reference(tgt, sm.params.base_model, base_dir(sm)))
+    except (ex.ExportRefused, ValueError) as err:
+        failed(checkpoint, f"not exported for vLLM: {err}", epoch)
+        return
+    on_gpus = sm.resources.gpu > 0
+    unserved = families.not_served_here(family, on_gpus=on_gpus) or vllm_fixes.unserved_here(
+        family, checkpoint_config, on_gpus)
     if unserved:  # exported and checked, but the gate needs a machine that serves it
-        write_json(sm.output.gate, {"passed": None, "served": False, "verdict": unserved,
-                                    "epoch": summary["chosen"]["epoch"]})
+        write_json(sm.output.gate, {"passed": None, "served": False, "verdict": unserved, "epoch": epoch})
         log.warning("gate: %s", unserved)
         return
-    chosen = next((v for v in summary["validation"] if v["epoch"] == summary["chosen"]["epoch"]), {})
+    chosen = next((v for v in summary["validation"] if v["epoch"] == epoch), {})
     expected = families.first_position_accuracy(chosen)
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
-    with managed_server(ev.server_spec("vllm", tgt, sm.config["server"], str(drafter), GATE_CHAIN),
-                        Path(sm.log.server)) as server:
-        root = ev.root_of(server.base_url)
-        before = ev.scrape_spec_counters(root)
-        asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
-        acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
+    name, k = ev.drafted_per_step(str(drafter), GATE_CHAIN)
+    try:
+        with managed_server(ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter)),
+                            Path(sm.log.server)) as server:
+            root = ev.root_of(server.base_url)
+            before = ev.scrape_spec_counters(root)
+            asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
+            acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
+    except ServerError as err:  # vLLM would not serve it (e.g. DSpark falling back to the V1 model runner)
+        failed(checkpoint, f"vLLM did not serve the drafter: {str(err).splitlines()[0]} (log: {sm.log.server})",
+               epoch)
+        return
     passed, verdict = ex.gate_verdict(acceptance, expected)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
-                                "validation_first_token_accuracy": expected, "epoch": summary["chosen"]["epoch"],
+                                "validation_first_token_accuracy": expected, "epoch": epoch,
                                 "validation_rows": len(rows)})
-    log.info("gate: %s", verdict)
-    if not passed:
-        raise GateFailed(f"export gate: {verdict}")
+    (log.info if passed else log.error)("gate: %s%s", verdict, "" if passed else "; left out of the pick")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ from draftsmith.config import target as targets
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.data.chat import Renderer
 from draftsmith.data.datasets import read_prompts
+from draftsmith.evaluation.evaluate import prompt_sets
 from draftsmith.generation.generate import JOURNAL_DIR
 from draftsmith.ops import plan
-from draftsmith.ops.runner import run, target_of
+from draftsmith.ops.runner import base_dir, run, target_of
 
 
 def prompt_tokens(renderer, prompts, sample):
@@ -34,7 +35,11 @@ def main() -> None:
                                        cfg["tokenize"]["max_length"]))
     throughput = plan.measured_throughput(results, cfg["plan"]["throughput"], cfg["train"]["families"])
     markdown, data = plan.render(plans, facts, cfg, throughput, *plan.free_space(results, cfg["plan"]["free_tb"]))
-    markdown += "\n".join(plan.drafters_section(facts, cfg, results)
+    sets = {name: (len(prompts), sum(len(p.turns) for p in prompts))
+            for name, prompts in prompt_sets(cfg["evaluation"], base_dir(sm)).items()}
+    grid = plan.grid_plan(cfg, sets, results, throughput)
+    data["grid"] = {**grid.__dict__, "seconds": grid.seconds}
+    markdown += "\n".join(plan.grid_section(grid, data["training_s"]) + plan.drafters_section(facts, cfg, results)
                           + plan.measured_section(results, plans)) + "\n"
     write_json(sm.output.data, data)
     write_text(sm.output.markdown, markdown)

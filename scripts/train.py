@@ -1,6 +1,7 @@
 import json
 import logging
 import os
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def stores(manifest_paths):
 
 
 def main() -> None:
+    started = time.time()
     cfg, hs_cfg, ops = sm.params.train, sm.params.hidden_states, sm.config["train"]
     online = hs_cfg["mode"] == "online"
     if online:  # first: nothing may start CUDA or torch's threads before the trainer's share is set
@@ -118,7 +120,7 @@ def main() -> None:
         "hidden_states": {"mode": hs_cfg["mode"], "layout": None if online else hs_cfg["layout"],
                           "storage": None if online else hs_cfg["storage"], "aux_layers": aux},
         "warm_start": json.loads((pretrained / "check.json").read_text()) if pretrained else None,
-        "trainer": trainer.as_dict(), "phases": phases,
+        "trainer": trainer.as_dict(), "phases": phases, "window": [started, time.time()],
         "speculators_argv": argv, "validation": validation})
     log.info("exporting epoch %s: %s", choice["epoch"], choice["reason"])
 

@@ -32,8 +32,8 @@ def test_the_gpu_check_wheels_download_in_a_copy_that_is_no_git_checkout(tmp_pat
     bin_dir.mkdir()
     (bin_dir / "python3").write_text('#!/usr/bin/env bash\n'
                                      'dest=$(printf "%s\\n" "$@" | grep -A1 -x -- -d | tail -1)\n'
-                                     'for a in "$@"; do [[ $a == *==* || $a =~ ^[a-z] ]] && touch "$dest/${a%%=*}.whl"; '
-                                     'done; exit 0\n')
+                                     'for a in "$@"; do [[ $a == *==* || $a =~ ^[a-z] ]] && '
+                                     'touch "$dest/${a%%=*}.whl"; done; exit 0\n')
     (bin_dir / "python3").chmod(0o755)
     proc = subprocess.run(["bash", "envs/gpu-check-wheels.sh"], cwd=copy, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})

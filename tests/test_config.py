@@ -138,7 +138,7 @@ def test_a_user_config_replaces_datasets_and_prompt_sets_and_merges_the_rest(tmp
     cfg = validate_config(load_layers([DEFAULT, mine], {"merge": {"seed": 3}}))
     assert list(cfg["datasets"]) == ["mine"] and list(cfg["evaluation"]["prompt_sets"]) == ["held"]
     assert cfg["train"]["epochs"] == 5 and cfg["train"]["total_seq_len"] == 1024  # the rest: from the file below
-    assert cfg["evaluation"]["num_speculative_tokens"] == 3 and cfg["merge"]["seed"] == 3
+    assert cfg["evaluation"]["num_speculative_tokens"] == [1, 3] and cfg["merge"]["seed"] == 3
 
 
 def test_a_config_file_with_a_byte_order_mark_or_no_mapping(tmp_path):
@@ -190,6 +190,11 @@ def test_a_good_config_has_no_problem(tmp_path):
      "generation_server.api_key_env: environment variable DS_SURELY_UNSET is not set"),
     ({"train": {"total_seq_len": 512}}, r"train.total_seq_len \(512\) is below tokenize.max_length \(1024\)"),
     ({"vocab": {"draft_vocab_size": 60000}}, r"vocab.draft_vocab_size \(60000\) is above the target's vocabulary"),
+    ({"evaluation": {"pick_at": 8}}, r"evaluation.pick_at 8 is not one of evaluation.concurrency \[4, 12\]"),
+    ({"evaluation": {"engine": "sglang", "training_free": ["ngram"]}},
+     r"evaluation.training_free \['ngram'\] is measured with vLLM's own methods; evaluation.engine is sglang"),
+    ({"evaluation": {"ngram": {"prompt_lookup_min": 5}}},
+     r"evaluation.ngram.prompt_lookup_min \(5\) is above prompt_lookup_max \(4\)"),
 ])
 def test_mistakes_found_only_hours_in_are_found_before_any_work(overrides, expected, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_SURELY_UNSET", raising=False)
@@ -333,3 +338,29 @@ def schema_keys(schema):
                  *(schema.get("$defs", {}).values())]:
         if isinstance(part, dict):
             yield from schema_keys(part)
+
+
+def test_suffix_decoding_without_its_package_is_refused_before_any_work_saying_what_to_install(tmp_path,
+                                                                                               monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "arctic_inference" else find_spec(name, *a))
+    found = problems_of({"evaluation": {"training_free": ["ngram", "suffix"]}}, tmp_path)
+    assert len(found) == 1 and found[0].startswith("evaluation.training_free: suffix decoding needs the "
+                                                   "arctic_inference package"), found
+    assert "arctic-inference==0.3.0" in found[0] and "ARCTIC_INFERENCE_ENABLED" in found[0]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "arctic_inference"
+                        else find_spec(name, *a))
+    assert problems_of({"evaluation": {"training_free": ["suffix"]}}, tmp_path) == []
+
+
+@pytest.mark.parametrize("key, value, replacement", [("concurrency", 16, "[16] or [1, 16, 64]"),
+                                                      ("num_speculative_tokens", 3, "[3] or [1, 3, 5]")])
+def test_a_single_value_where_a_list_is_now_asked_says_so(key, value, replacement):
+    cfg = copy.deepcopy(MINIMAL)
+    cfg["evaluation"][key] = value
+    with pytest.raises(ConfigError, match=re.escape(f"evaluation.{key}: {value} is now a list")) as err:
+        validate_config(cfg)
+    assert replacement in str(err.value)

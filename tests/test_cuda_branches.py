@@ -4,9 +4,8 @@ needs a GPU (benchmarks/gpu_check.sh); what they decide is tested here."""
 
 import subprocess
 
-import torch
-
 import pytest
+import torch
 
 from draftsmith.core import platform
 from draftsmith.training import families, probe

@@ -47,19 +47,53 @@ def test_t1_runs_are_seeded_only_where_the_engine_can_rewind_a_generator():
     assert "seed" not in ev.sampling(64, 1.0, seeded=False)
 
 
-def test_a_drafter_is_evaluated_against_the_baseline_measured_for_the_same_sets_only():
+def test_every_cell_is_measured_alone_against_the_target_alone_of_the_same_window(monkeypatch):
+    """The target alone first, then each draft length on a server of its own, never two at once; each
+    cell's speed-up divides by the baseline measured in this job at the same concurrency, set and T (before,
+    one baseline was measured once, earlier, and every family divided by it whatever ran beside)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
     from draftsmith.data.datasets import Prompt
 
-    sets = {"held": [Prompt("a", ["hi"]), Prompt("b", ["yo"])]}
-    baseline = {"max_tokens": 32, "runs": [
-        {"set": "held", "temperature": t, "prompts": 2, "baseline": {"output_tok_s": 40.0}} for t in (0.0, 1.0)]}
-    runs = ev.runs_from_baseline(baseline, "baseline.json", sets, [0.0, 1.0], 32)
-    assert list(runs) == [("held", 0.0), ("held", 1.0)] and runs["held", 0.0]["drafters"] == {}
-    runs["held", 0.0]["drafters"]["finetuned"] = {"output_tok_s": 50.0}
-    ev.add_speedups(list(runs.values()))
-    assert runs["held", 0.0]["drafters"]["finetuned"]["speedup"] == 1.25
-    # Another length, another temperature list, or a set that grew: refused, naming the file.
-    for temperatures, max_tokens, grown in (([0.0, 1.0], 64, []), ([0.0], 32, []), ([0.0, 1.0], 32, ["c"])):
-        bigger = {"held": sets["held"] + [Prompt(i, ["x"]) for i in grown]}
-        with pytest.raises(ValueError, match=r"^baseline.json: measured for"):
-            ev.runs_from_baseline(baseline, "baseline.json", bigger, temperatures, max_tokens)
+    events, open_servers = [], []
+
+    def server(name):
+        @contextmanager
+        def started():
+            assert not open_servers, f"{name} started while {open_servers} still served"
+            open_servers.append(name)
+            events.append(f"start {name}")
+            yield SimpleNamespace(base_url=name)
+            open_servers.remove(name)
+        return started
+
+    speed = {"baseline": {2: 40.0, 8: 100.0}, "k1": {2: 50.0, 8: 90.0}, "k3": {2: 60.0, 8: 80.0}}
+
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, concurrency, engine, drafting):
+        events.append(f"{base_url} c={concurrency}")
+        assert drafting is (base_url != "baseline")
+        return [{"set": name, "temperature": t, "prompts": len(prompts), "output_tok_s": speed[base_url][concurrency]}
+                for name, prompts in sets.items() for t in temperatures]
+
+    monkeypatch.setattr(ev, "runs_at", runs_at)
+    monkeypatch.setattr(ev, "warm_up", lambda base_url, *args: events.append(f"warm {base_url}"))
+    grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0, 1.0], 32, [2, 8], False, "vllm")
+    measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 1): server("k1"),
+                                                                  ("finetuned", 3): server("k3")})
+    assert events == ["start baseline", "warm baseline", "baseline c=2", "baseline c=8", "start k1", "warm k1",
+                      "k1 c=2", "k1 c=8", "start k3", "warm k3", "k3 c=2", "k3 c=8"]
+    cells = {(c["k"], c["concurrency"]): c for c in measured["cells"]}
+    assert set(cells) == {(1, 2), (1, 8), (3, 2), (3, 8)}
+    assert [r["speedup"] for r in cells[3, 2]["runs"]] == [1.5, 1.5] and cells[1, 8]["runs"][0]["speedup"] == 0.9
+    assert cells[3, 8]["runs"][1]["baseline_tok_s"] == 100.0
+    assert len(measured["server_start_s"]) == 3 and measured["window"][0] <= measured["window"][1]
+
+
+def test_tokens_per_target_step_count_every_step():
+    """A training-free method drafts only where it finds a match: per draft its τ looks high, per step it
+    is what it is. Every target step gives one token plus the drafts it accepted."""
+    before = {"num_drafts": 0.0, "num_accepted_tokens": 0.0}
+    sparse = acceptance(before, {"num_drafts": 10.0, "num_accepted_tokens": 20.0}, output_tokens=200)
+    assert sparse["tau_pooled"] == 3.0 and sparse["tokens_per_step"] == pytest.approx(200 / 180)
+    assert acceptance(before, {"num_drafts": 0.0}, output_tokens=0)["tokens_per_step"] is None

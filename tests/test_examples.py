@@ -115,7 +115,7 @@ def test_an_8_gpu_job_reaches_slurm_as_one_task_for_as_long_as_its_server_may_lo
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = planned_resources(proc.stdout)
     startup_min = yaml.safe_load(config.read_text())["server"]["startup_timeout_s"] / 60
-    for rule, gpus in {"hidden_states": 8, "export": 8, "evaluate_baseline": 8, "evaluate": 8, "train": 1}.items():
+    for rule, gpus in {"hidden_states": 8, "export": 8, "evaluate": 8, "train": 1}.items():
         resources = jobs[rule]
         job = SimpleNamespace(name=rule, threads=resources["threads"], resources=type("R", (dict,), {
             "__getattr__": dict.__getitem__})(resources))

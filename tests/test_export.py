@@ -215,3 +215,69 @@ def test_a_block_drafter_with_full_attention_is_refused_not_served_with_another_
         ex.export_vllm(ckpt, tmp_path / "d" / "final.safetensors", tmp_path / "d" / "config.json",
                        verifier_ref="results/models/t")
     assert not (tmp_path / "d" / "final.safetensors").exists()
+
+
+def run_export_job(tmp_path, target_dir, family, checkpoint):
+    """scripts/export.py as Snakemake runs it, on one family's training summary."""
+    import runpy
+    from types import SimpleNamespace
+
+    from draftsmith.config.load import validate_config
+    from tests.conftest import REPO
+    from tests.test_config import MINIMAL
+
+    config = validate_config({**MINIMAL, "target": {"name": "t", "source": str(target_dir)}})
+    summary = tmp_path / "training.json"
+    summary.write_text(json.dumps({"checkpoint": str(checkpoint), "chosen": {"epoch": 0},
+                                   "validation": [{"epoch": 0, "full_acc_0_epoch": 0.3}]}))
+    out = tmp_path / "drafters" / family
+    out.mkdir(parents=True)
+    sm = SimpleNamespace(
+        wildcards=SimpleNamespace(family=family), input=SimpleNamespace(summary=str(summary), table="unused"),
+        output=SimpleNamespace(weights=str(out / "final.safetensors"), config=str(out / "config.json"),
+                               gate=str(out / "gate.json"), sglang=str(out / "sglang")),
+        log=SimpleNamespace(main=str(tmp_path / "export.log"), server=str(tmp_path / "export.server.log")),
+        params=SimpleNamespace(export=config["export"], base_model=None), config=config, threads=1,
+        resources=SimpleNamespace(gpu=0), scriptdir=str(REPO / "scripts"))
+    import logging
+    import sys
+
+    saved = sys.stderr, logging.root.handlers[:], logging.root.level  # the job's runner takes both over
+    try:
+        runpy.run_path(str(REPO / "scripts" / "export.py"), init_globals={"snakemake": sm}, run_name="__main__")
+    finally:
+        sys.stderr, logging.root.handlers[:] = saved[0], saved[1]
+        logging.root.setLevel(saved[2])
+    return out
+
+
+def test_a_family_whose_export_is_refused_is_recorded_and_does_not_fail_the_run(target_dir, tmp_path):
+    """Before, a refused export or a failed gate failed the family's job, Snakemake removed its outputs,
+    and the pick, which needs every family's files, made no results/drafter/ though another family passed."""
+    ckpt = make_block_drafter(target_dir, tmp_path / "dflash", "dflash", "--full-attention-indices", "1")
+    out = run_export_job(tmp_path, target_dir, "dflash", ckpt)
+    gate = json.loads((out / "gate.json").read_text())
+    assert gate["passed"] is False and "use full attention" in gate["verdict"]
+    assert (out / "final.safetensors").stat().st_size == (ckpt / "model.safetensors").stat().st_size
+    from draftsmith.evaluation import methods
+
+    assert methods.not_measured("dflash", False, gate) == {"failed": gate["verdict"]}
+
+
+def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run(drafter, target_dir, tmp_path,
+                                                                                  monkeypatch):
+    """DSpark on a GPU machine whose vLLM falls back to its V1 model runner: the server never starts."""
+    from contextlib import contextmanager
+
+    from draftsmith.generation import server
+
+    @contextmanager
+    def refusing(spec, log_path):
+        raise server.ServerError("server exited with code 1 before it was ready; ... DSpark needs the V2 runner")
+        yield
+
+    monkeypatch.setattr(server, "managed_server", refusing)
+    monkeypatch.setattr(ex, "gate_rows", lambda table, count: [([1, 2, 3], 4)])
+    out = run_export_job(tmp_path, target_dir, "eagle3", drafter)
+    gate = json.loads((out / "gate.json").read_text())
+    assert gate["passed"] is False and gate["verdict"].startswith("vLLM did not serve the drafter: server exited")

@@ -8,6 +8,7 @@ from draftsmith.config.load import ConfigError, result_view, validate_config
 from draftsmith.evaluation import pick
 from draftsmith.training import families
 from draftsmith.training import train as tr
+from tests import grid
 from tests.test_config import MINIMAL
 
 
@@ -119,39 +120,56 @@ def test_a_block_family_is_scored_by_its_own_acceptance_length():
     assert families.num_speculative_tokens("eagle3", {}, 3) == 3
 
 
-def evaluation(speedups, taus):
-    runs = [{"set": f"s{i}", "temperature": 0.0, "drafters": {pick.FINETUNED: {
-        "output_tok_s": 10 * s, "speedup": s, "acceptance": {"tau_pooled": t, "acceptance_rate_per_position": [0.5]}}}}
-        for i, (s, t) in enumerate(zip(speedups, taus, strict=True))]
-    return {"runs": runs, "num_speculative_tokens": 3}
+def rows(by, at, **evaluations):
+    return [pick.summary(f, e, grid.training(), 1000, by, at) for f, e in evaluations.items()]
 
 
-def rows(by, **evaluations):
-    training = {"chosen": {"simulated_tau": 1.5}, "phases": {"done_s": 30.0}}
-    return [pick.summary(f, e, training, 1000, by) for f, e in evaluations.items()]
-
-
-def test_the_pick_takes_the_best_measured_family_and_says_by_how_much():
+def test_the_pick_takes_the_best_measured_family_at_its_concurrency_and_says_by_how_much():
     # Speed-ups are ratios: 2x on one set and 0.5x on another is no gain (geometric mean), not 1.25x.
-    eagle3, dflash = evaluation([1.2, 1.2], [1.5, 1.5]), evaluation([2.0, 0.5], [2.5, 1.2])
-    chosen, why = pick.choose(rows("speedup", eagle3=eagle3, dflash=dflash), "speedup")
-    assert chosen == "eagle3" and "+20.0% over dflash" in why
-    assert pick.choose(rows("tau", eagle3=eagle3, dflash=dflash), "tau")[0] == "dflash"
+    eagle3 = grid.evaluation("eagle3", {(1, 1): (1.1, 1.4), (3, 1): (1.2, 1.5), (1, 16): (0.9, 1.4),
+                                        (3, 16): (0.8, 1.5)})
+    dflash = grid.evaluation("dflash", {(7, 1): (1.0, 2.5), (7, 16): (1.05, 2.5)})
+    dflash["cells"][0]["runs"][0]["speedup"], dflash["cells"][0]["runs"][1]["speedup"] = 2.0, 0.5
+    chosen, why = pick.choose(rows("speedup", 1, eagle3=eagle3, dflash=dflash), "speedup", 1)
+    assert chosen == "eagle3" and "at concurrency 1, 3 draft tokens, +20.0% over dflash" in why, why
+    # At another concurrency another family wins: the pick is made where the user serves.
+    assert pick.choose(rows("speedup", 16, eagle3=eagle3, dflash=dflash), "speedup", 16)[0] == "dflash"
+    assert pick.choose(rows("tau", 1, eagle3=eagle3, dflash=dflash), "tau", 1)[0] == "dflash"
     # A tie goes to the family listed first.
-    assert pick.choose(rows("speedup", dflash=eagle3, eagle3=eagle3), "speedup")[0] == "dflash"
+    assert pick.choose(rows("speedup", 1, dflash=eagle3, eagle3=eagle3), "speedup", 1)[0] == "dflash"
 
 
-def test_a_family_not_served_here_is_never_picked_and_never_scored():
-    dspark = {"not_served": families.not_served_here("dspark", on_gpus=False), "runs": []}
-    table = rows("speedup", dspark=dspark, eagle3=evaluation([0.9], [1.1]))
-    assert table[0]["served"] is False and table[0]["score"] is None and "V2 model runner" in table[0]["reason"]
-    chosen, why = pick.choose(table, "speedup")
-    assert chosen == "eagle3" and "dspark not measured" in why
+def test_each_concurrency_names_its_best_setting_and_a_training_free_winner_plainly():
+    eagle3 = grid.evaluation("eagle3", {(1, 1): (1.1, 1.5), (3, 1): (1.4, 1.9), (1, 16): (1.02, 1.5),
+                                        (3, 16): (0.9, 1.9)})
+    ngram = grid.evaluation("ngram", {(1, 1): (1.05, 1.3), (3, 1): (1.0, 1.4), (1, 16): (1.1, 1.3),
+                                      (3, 16): (1.04, 1.4)}, trained=False)
+    low, high = pick.serving({"eagle3": eagle3, "ngram": ngram}, [1, 16], "speedup")
+    assert (low["best"]["method"], low["best"]["k"], low["training_free_wins"]) == ("eagle3", 3, False)
+    assert low["runner_up"]["method"] == "ngram" and low["margin"] == pytest.approx(1.4 / 1.05 - 1)
+    assert low["training_bought"] == pytest.approx(1.9 / 1.3 - 1)  # tokens per target step of the best of each
+    assert (high["best"]["method"], high["best"]["k"], high["training_free_wins"]) == ("ngram", 1, True)
+    assert high["best_trained"]["k"] == 1 and high["best_training_free"]["k"] == 1
+    only_free = pick.serving({"ngram": ngram}, [1, 16], "speedup")
+    assert not any(e["training_free_wins"] for e in only_free) and only_free[1]["best_trained"] is None
+
+
+def test_a_family_not_served_here_or_failed_is_left_out_with_its_reason():
+    dspark = {"method": "dspark", "trained": True, "not_served": families.not_served_here("dspark", on_gpus=False),
+              "cells": []}
+    dflash = {"method": "dflash", "trained": True, "failed": "export gate: served first-token acceptance 0.001 is far "
+                                                             "below the validation accuracy 0.300", "cells": []}
+    table = rows("speedup", 4, dspark=dspark, dflash=dflash, eagle3=grid.evaluation("eagle3", {(3, 4): (0.9, 1.1)}))
+    assert [(r["served"], r["excluded"], r["score"]) for r in table[:2]] == [(False, "not served here", None),
+                                                                              (False, "failed", None)]
+    assert "V2 model runner" in table[0]["reason"] and "export gate" in table[1]["reason"]
+    chosen, why = pick.choose(table, "speedup", 4)
+    assert chosen == "eagle3" and "dspark (not served here), dflash (failed)" in why
     assert families.not_served_here("dspark", on_gpus=True) is None
-    # A drafter that drafted nothing has no τ: nothing to pick, and the message names each family's reason.
-    silent = evaluation([1.0], [None])
-    with pytest.raises(pick.NothingToPick, match="dspark: vLLM serves DSpark"):
-        pick.choose(rows("tau", dspark=dspark, eagle3=silent), "tau")
+    # Nothing measured: nothing to pick, and the message names each family's reason.
+    silent = grid.evaluation("eagle3", {(3, 4): (1.0, None)})
+    with pytest.raises(pick.NothingToPick, match=r"dspark: vLLM serves DSpark.*dflash: export gate"):
+        pick.choose(rows("tau", 4, dspark=dspark, dflash=dflash, eagle3=silent), "tau", 4)
 
 
 def test_the_preflight_names_what_a_family_cannot_get_before_any_work(tmp_path):
@@ -175,3 +193,16 @@ def test_the_preflight_names_what_a_family_cannot_get_before_any_work(tmp_path):
     found = problems_of({"train": {"families": ["dspark"]}}, tmp_path)
     assert found == ["train.families ['dspark']: none can be served here, and results/drafter/ is the family "
                      "measured best; add eagle3 or dflash, or serve on GPUs (server.gpus)"]
+
+
+def test_a_family_whose_export_or_gate_failed_is_not_measured_and_says_why():
+    from draftsmith.evaluation import methods
+
+    passed = {"passed": True, "served": True, "verdict": "served first-token acceptance 0.2"}
+    assert methods.not_measured("eagle3", False, passed) == {}
+    assert methods.not_measured("dflash", False, {"passed": False, "served": None, "verdict": "vLLM did not serve "
+                                                  "the drafter"}) == {"failed": "vLLM did not serve the drafter"}
+    assert methods.not_measured("dflash", False, {"passed": None, "served": False, "verdict": "mend not taken"}) == \
+        {"not_served": "mend not taken"}
+    assert "V2 model runner" in methods.not_measured("dspark", False, passed)["not_served"]
+    assert methods.not_measured("dspark", True, passed) == {} and methods.not_measured("ngram", False, None) == {}

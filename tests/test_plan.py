@@ -17,7 +17,9 @@ KIMI = Facts(num_layers=61, hidden_size=7168, vocab_size=163840, max_position_em
 
 def kimi_config(tmp_path):
     user = {"datasets": {"regenerated": {"source": "prompts.jsonl", "generation": {"max_tokens": 8192}}},
-            "tokenize": {"max_length": 10240}, "train": {"total_seq_len": 10240, "epochs": 5, "gpus": 1},
+            "tokenize": {"max_length": 10240},  # block families at speculators' recipe, not the demo's CPU sizes
+            "train": {"total_seq_len": 10240, "epochs": 5, "gpus": 1,
+                      "dflash": {"num_layers": None, "block_size": None}},
             "server": {"max_model_len": 16384, "gpus": 8},
             "plan": {"free_tb": 2.9, "gpu_hour_cost": 2.5,
                      "throughput": {"generation_tok_s": 6000, "extraction_tok_s": 40000, "training_tok_s": 30000}}}
@@ -107,3 +109,29 @@ def test_each_family_is_planned_with_its_own_epochs_and_pace(tmp_path):
     eagle3, dflash = (next(line for line in lines if line.startswith(f"| {f} |")) for f in ("eagle3", "dflash"))
     assert eagle3.startswith("| eagle3 | 1 | 969 M | 1.8 GiB |")
     assert dflash.startswith("| dflash | 5 | 3,222 M | 6.0 GiB |")
+
+
+def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_training(tmp_path):
+    """Every method's job starts the target once more than its draft lengths; on a 1T target a start is
+    most of an hour, so a generous grid can outlast the training it measures."""
+    config = kimi_config(tmp_path)
+    config["train"]["families"] = ["eagle3", "dflash"]
+    config["evaluation"].update(concurrency=[1, 16, 64], num_speculative_tokens=[1, 3, 5], training_free=["ngram"],
+                                temperatures=[0.0, 1.0], max_tokens=1024)
+    config["plan"]["server_start_s"] = 2400
+    throughput = plan.measured_throughput(tmp_path / "results", config["plan"]["throughput"])
+    grid = plan.grid_plan(config, {"mt_bench": (80, 80)}, tmp_path / "results", throughput)
+    assert grid.cells == (3 + 1 + 3) * 3 and grid.servers == (3 + 1 + 3) + 3  # a target alone per method
+    assert grid.tokens == grid.servers * 3 * 2 * (80 + 1) * 1024 * 0.5  # a warm-up per server and set
+    assert grid.seconds == pytest.approx(10 * 2400 + grid.tokens / 6000)
+    text = "\n".join(plan.grid_section(grid, training_s=3 * 3600))
+    assert "21 cells (method x draft tokens x concurrency), 10 server starts (2400 s each (plan.server_start_s))" in text
+    assert "**The evaluation grid would take longer than the training (3.0 h)**" in text
+    assert "longer than the training" not in "\n".join(plan.grid_section(grid, training_s=100 * 3600))
+    # An earlier run's evaluations measure both the pace and the start-up.
+    (tmp_path / "results" / "evaluation").mkdir(parents=True)
+    run = {"output_tokens": 500, "wall_s": 5.0}
+    (tmp_path / "results" / "evaluation" / "ngram.json").write_text(json.dumps({
+        "baseline": [{"runs": [run]}], "cells": [{"runs": [run, run]}], "server_start_s": [30.0, 50.0]}))
+    measured = plan.grid_plan(config, {"mt_bench": (80, 80)}, tmp_path / "results", throughput)
+    assert (measured.rate, measured.start_s) == (100.0, 40.0) and "measured" in measured.rate_source

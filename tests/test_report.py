@@ -1,19 +1,23 @@
+from draftsmith.evaluation import pick
 from draftsmith.evaluation.report import Inputs, write_report
+from tests import grid
+
+NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
-def measured(tau, rates, tok_s, speedup):
-    return {"output_tok_s": tok_s, "speedup": speedup,
-            "acceptance": {"tau_pooled": tau, "acceptance_rate_per_position": rates}}
+def results_of(evaluations: dict, pick_by: str = "speedup", pick_at: int = 2) -> dict:
+    """results.json as the pick job writes it, from the evaluations of every method."""
+    families = [m for m, e in evaluations.items() if e.get("trained")]
+    rows = [pick.summary(f, evaluations[f], grid.training(), 3 * 2**20, pick_by, pick_at) for f in families]
+    chosen, why = pick.choose(rows, pick_by, pick_at)
+    concurrencies = sorted({c for e in evaluations.values() for c in e.get("concurrency", [])})
+    return pick.results(evaluations, rows, chosen, why, concurrencies, pick_by, pick_at, NGRAM)
 
 
-RESULTS = {"target": "t", "engine": "vllm", "num_speculative_tokens": 3, "max_tokens": 32, "concurrency": 2,
-           "drafters": {"finetuned": "results/drafter", "pretrained": "results/pretrained"},
-           "runs": [{"set": "everyday", "temperature": 0.0, "prompts": 3, "baseline": {"output_tok_s": 40.0},
-                     "drafters": {"finetuned": measured(1.234, [0.2, 0.03, 0.004], 32.0, 0.8),
-                                  "pretrained": measured(1.1, [0.1, 0.0, 0.0], 30.0, 0.75)}},
-                    {"set": "everyday", "temperature": 1.0, "prompts": 3, "baseline": {"output_tok_s": 41.0},
-                     "drafters": {"finetuned": measured(1.2, [0.2, 0.0, 0.0], 33.0, 0.8),
-                                  "pretrained": measured(1.05, [0.05, 0.0, 0.0], 31.0, 0.76)}}]}
+EAGLE3 = grid.evaluation("eagle3", {(1, 2): (0.8, 1.2), (3, 2): (0.9, 1.3), (1, 8): (0.7, 1.2), (3, 8): (0.6, 1.3)})
+NGRAM_EVALUATION = grid.evaluation("ngram", {(1, 2): (0.95, 1.1), (3, 2): (0.85, 1.15), (1, 8): (1.05, 1.1),
+                                             (3, 8): (1.0, 1.15)}, trained=False)
+RESULTS = results_of({"eagle3": EAGLE3, "ngram": NGRAM_EVALUATION})
 GENERATION = {"everyday": {"records": 6, "errors": 0, "retries": 2, "truncated_kept": 6, "reasoning_records": 0,
                            "dropped_truncated": 0, "completion_tokens": 192, "latency_p50_s": 1.5,
                            "latency_p95_s": None}}
@@ -39,17 +43,22 @@ TRAINING = {"rows": 12, "run_key": "abc", "on_cpu": True, "chosen": {"epoch": 0,
 GATE = {"passed": True, "verdict": "served first-token acceptance 0.140 (validation 0.150)"}
 
 
+def report(tmp_path, inputs: Inputs) -> str:
+    paths = {name: tmp_path / f"{name}.png" for name in ("acc", "train", "families", "map")}
+    write_report(inputs, tmp_path / "report.md", paths["acc"], paths["train"], paths["families"], paths["map"],
+                 tmp_path / "evaluation.tsv")
+    assert all(path.read_bytes()[:4] == b"\x89PNG" for path in paths.values())
+    return (tmp_path / "report.md").read_text()
+
+
 def test_report_shows_every_stage_with_plots(tmp_path):
-    md, png, train_png = tmp_path / "report.md", tmp_path / "acc.png", tmp_path / "train.png"
-    tsv, families_png = tmp_path / "evaluation.tsv", tmp_path / "families.png"
-    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE), md, png, train_png, families_png,
-                 tsv)
-    text = md.read_text()
-    table = tsv.read_text().splitlines()
-    assert table[0].split("\t")[:5] == ["prompt_set", "temperature", "prompts", "drafter", "tau_pooled"]
-    assert table[1].startswith("everyday\t0.0\t3\tfinetuned\t1.234") and len(table) == 1 + 4
-    assert "| everyday | 0 | 3 | finetuned | 1.234 | 0.20, 0.03, 0.00 | 40.0 | 32.0 | 0.80× |" in text
-    assert "| everyday | 1 | 3 | pretrained | 1.050 | 0.05, 0.00, 0.00 | 41.0 | 31.0 | 0.76× |" in text
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE))
+    table = (tmp_path / "evaluation.tsv").read_text().splitlines()
+    assert table[0].split("\t")[:6] == ["method", "draft_tokens", "concurrency", "prompt_set", "temperature", "prompts"]
+    assert table[1].startswith("EAGLE-3\t1\t2\teveryday\t0.0\t3\t1.2") and len(table) == 1 + 16
+    # every cell: method, draft tokens, concurrency, set, T, τ, tokens per step, by position, tok/s, speed-up
+    assert "| EAGLE-3 | 3 | 2 | everyday | 0 | 3 | 1.300 | 1.300 | 0.40, 0.10 | 40.0 | 36.0 | 0.90× |" in text
+    assert "| n-gram | 1 | 8 | everyday | 1 | 3 | 1.100 | 1.100 | 0.40, 0.10 | 40.0 | 42.0 | 1.05× |" in text
     # time to quality per epoch; a run recorded before train_s existed shows none
     assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.5 min | ✔ |" in text
     assert "| 2 | 7.200 | 0.100 | 0.010 | 1.110 | – |  |" in text
@@ -59,19 +68,28 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "| steady pace | 5.00 steps/s |" in text and "| processes exited after | 0.4 |" in text
     assert "Vocabulary mapping: pretrained drafter org/drafter" in text and "98.7%" in text
     assert "hidden states **online**" in text and "Warm start from `org/drafter`" in text
-    assert "![acceptance and throughput](acc.png)" in text and "(train.png)" in text
+    assert "![acceptance and tokens per step](acc.png)" in text and "(train.png)" in text
+    assert "![speed-up map](map.png)" in text
     assert "| everyday | 6 | 0 | 2 | 6 | 0 | 0 | 192 | 1.50 | – |" in text
     assert "| everyday | 9 | 1 | 6 | 1 | 0 | 1 | 1.0 | 5 | 1 | 150 |" in text
     assert "everyday/bench-1" in text
-    assert png.read_bytes()[:4] == train_png.read_bytes()[:4] == b"\x89PNG"
     assert "Measured on a CPU" in text  # results without on_accelerator: a CPU run
-    on_gpus = Inputs({**RESULTS, "on_accelerator": True}, GENERATION, PROMPTS, MERGE, VOCAB,
+    on_gpus = Inputs({**RESULTS, "on_accelerator": True, "compute": None}, GENERATION, PROMPTS, MERGE, VOCAB,
                      {**TRAINING, "on_cpu": False}, GATE)
-    write_report(on_gpus, md, png, train_png, families_png, tsv)
-    assert "CPU" not in md.read_text()  # a GPU run's report says nothing of CPUs
+    assert "CPU" not in report(tmp_path, on_gpus)  # a GPU run's report says nothing of CPUs
     fp8 = {**TRAINING, "hidden_states": {"mode": "offline", "layout": "shards", "storage": "fp8", "aux_layers": [1]}}
-    write_report(Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, fp8, GATE), md, png, train_png, families_png, tsv)
-    assert "(shards layout, stored in fp8 with a scale per token and layer)" in md.read_text()
+    assert "(shards layout, stored in fp8 with a scale per token and layer)" in report(
+        tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, fp8, GATE))
+
+
+def test_the_serving_recipe_names_the_best_setting_per_concurrency_and_a_training_free_winner(tmp_path):
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE))
+    assert "## Serving recipe" in text
+    assert ("| 2 | n-gram | 1 | 0.95× | 1.100 | +5.6% over EAGLE-3 k=3 | EAGLE-3 k=3: 0.90×, 1.300 tok/step | "
+            "n-gram k=1: 0.95×, 1.100 tok/step | +18.2% |") in text
+    assert "| 8 | n-gram | 1 | 1.05× | 1.100 | +50.0% over EAGLE-3 k=1 |" in text
+    assert "**At concurrency 8, n-gram (training-free, k=1) beats every trained drafter**" in text
+    assert "**At concurrency 2, n-gram (training-free, k=1) beats every trained drafter**" in text
 
 
 def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
@@ -111,25 +129,16 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
                                    drafter_config={}, sglang_reason=None))
     assert "their hidden states stored in fp8" in offline_card
     assert "eagle3" in meta["tags"] and meta["license_name"] == "same-as-base-model"
-    assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct --speculative-config" in text
     assert "no SGLang export was written (not exported: norm_before_residual=true)" in text
-    assert "| everyday | 3 | 0 | 1.234 | 0.20, 0.03, 0.00 |" in text and "| everyday | 3 | 1 | 1.200 |" in text
+    assert "| everyday | 3 | 0 | 1.300 | 1.300 | 0.40, 0.10 |" in text and "| everyday | 3 | 1 | 1.300 |" in text
     assert "Config digest: `0123abcd`" in text and "Exported epoch 1" in text
     assert "Loss computed **eager**, forward compiled: torch.compile works" in text  # and why
 
 
-def family_row(family, tau, speedup, served=True):
-    runs = [{"set": "everyday", "temperature": t, "tau": tau, "speedup": speedup, "output_tok_s": 30.0,
-             "acceptance_rate_per_position": [0.4, 0.1]} for t in (0.0, 1.0)] if served else []
-    row = {"family": family, "served": served, "runs": runs, "score": speedup if served else None,
-           "drafter_bytes": 3 * 2**20, "train_s": 120.0, "simulated_tau": 1.5, "num_speculative_tokens": 7}
-    return row if served else {**row, "reason": "vLLM serves DSpark only with its V2 model runner"}
-
-
-FAMILIES = {**RESULTS, "family": "dflash", "pick": {"by": "speedup", "family": "dflash",
-                                                      "why": "best speed-up 1.100, +10.0% over eagle3 (1.000)"},
-            "families": [family_row("eagle3", 1.3, 1.0), family_row("dflash", 1.6, 1.1),
-                         family_row("dspark", None, None, served=False)]}
+DSPARK = {"method": "dspark", "trained": True, "not_served": "vLLM serves DSpark only with its V2 model runner",
+          "cells": []}
+FAMILIES = results_of({"eagle3": EAGLE3, "dflash": grid.evaluation("dflash", {(7, 2): (1.1, 1.6), (7, 8): (0.5, 1.6)}),
+                       "dspark": DSPARK, "ngram": NGRAM_EVALUATION})
 DFLASH_TRAINING = {**TRAINING, "family": "dflash",
                    "mask_token": {"id": 16, "why": "special token '<x>', never in the data"},
                    "validation": [{"epoch": 0, "loss_epoch": 2.1, "full_acc_epoch": 0.1, "position_1_acc_epoch": 0.2,
@@ -137,16 +146,14 @@ DFLASH_TRAINING = {**TRAINING, "family": "dflash",
 
 
 def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
-    md, families_png = tmp_path / "report.md", tmp_path / "families.png"
-    write_report(Inputs(FAMILIES, GENERATION, PROMPTS, MERGE, VOCAB, DFLASH_TRAINING, GATE), md, tmp_path / "a.png",
-                 tmp_path / "t.png", families_png, tmp_path / "e.tsv")
-    text = md.read_text()
-    assert "**Picked: DFlash** by speed-up: best speed-up 1.100, +10.0% over eagle3 (1.000)" in text
-    assert "| DFlash ✔ | everyday | 0 | 7 | 1.600 | 0.40, 0.10 | 30.0 | 1.10× | 2.0 min | 3.0 MiB |" in text
-    assert "| EAGLE-3 | everyday | 1 | 7 | 1.300 |" in text
-    assert "| DSpark | – | – | – | not served here | vLLM serves DSpark only with its V2 model runner |" in text
+    text = report(tmp_path, Inputs(FAMILIES, GENERATION, PROMPTS, MERGE, VOCAB, DFLASH_TRAINING, GATE))
+    assert ("**Picked: DFlash** by speed-up at concurrency 2: best speed-up 1.100 at concurrency 2, 7 draft tokens, "
+            "+22.2% over eagle3 (0.900)") in text
+    assert "| DFlash ✔ | 7 | everyday | 0 | 1.600 | 1.600 | 0.40, 0.10 | 44.0 | 1.10× | 2.0 min | 3.0 MiB |" in text
+    assert "| EAGLE-3 | 3 | everyday | 1 | 1.300 |" in text
+    assert "| DSpark | – | – | – | not served here | – | vLLM serves DSpark only with its V2 model runner |" in text
     assert "speculators DFlash" in text and "| epoch | loss | position_1_acc | position_2_acc |" in text
-    assert "![drafter families](families.png)" in text and families_png.read_bytes()[:4] == b"\x89PNG"
+    assert "![drafter families](families.png)" in text
     from draftsmith.evaluation.model_card import CardInputs, card
 
     dflash = {"transformer_layer_config": {"num_hidden_layers": 2}, "block_size": 8, "mask_token_id": 16}
@@ -156,7 +163,16 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
                                          "total_seq_len": 1024, "loss_fn": None},
                            drafter_config=dflash, sglang_reason="a dflash drafter: SGLang's export is EAGLE-3's"))
     assert text.split("---\n")[2].lstrip().startswith("# DFlash drafter for b/m") and "- dflash" in text
-    assert '"method": "dflash"' in text and "--speculative-algorithm" not in text
+    assert "--speculative-algorithm" not in text
     assert "2 draft layer(s), blocks of 8 positions, mask token 16 (special token '<x>', never in the data)" in text
-    assert "## Why this family" in text and "| DFlash | 1.600 | 1.10× |" in text
-    assert "| DSpark | not served here" in text
+    assert "## Why this family" in text and "| DFlash | 7 | 1.600 | 1.10× |" in text
+    assert "| DSpark | – | not served here: vLLM serves DSpark only with its V2 model runner | – |" in text
+    # The serving recipe: a command per concurrency band with what was measured there, and the
+    # training-free method that beat the drafter at concurrency 8, said plainly, with its command.
+    assert "### Concurrency below 8 (measured at 2)" in text and "### Concurrency 8 and above (measured at 8)" in text
+    assert ("vllm serve b/m --speculative-config '{\"method\": \"dflash\", \"model\": \"<this folder>\", "
+            "\"num_speculative_tokens\": 7}'") in text
+    assert "DFlash, 7 draft tokens: speed-up 0.50×, 1.600 tokens per target step" in text
+    assert "**Here n-gram, which needs no drafter, beat every trained drafter**" in text
+    assert ('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "prompt_lookup_max": 4}' in text)
+    assert "the speed-ups that matter come from your GPUs" in text

@@ -90,7 +90,7 @@ def test_sglang_command_and_its_limits():
 def test_each_engine_gets_its_own_flags_in_evaluation_and_generation(tmp_path):
     """vLLM's --tensor-parallel-size is SGLang's --tp: an 8-GPU SGLang evaluation lost its --tp when the
     speculative flags replaced the user's, and a SGLang baseline got vLLM's flags."""
-    from draftsmith.evaluation.evaluate import server_spec
+    from draftsmith.evaluation.evaluate import drafted_per_step, server_spec
     from draftsmith.generation.server import generation_spec
 
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "env": {}, "startup_timeout_s": 60,
@@ -99,17 +99,22 @@ def test_each_engine_gets_its_own_flags_in_evaluation_and_generation(tmp_path):
     drafter = tmp_path / "drafter"
     drafter.mkdir()
     (drafter / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
-    for where in (None, str(drafter)):
-        sglang = server_spec("sglang", target, server, where, 3).command(1)
+    for method, where in ((None, None), ("eagle3", str(drafter))):
+        sglang = server_spec("sglang", target, server, method, 3, where).command(1)
         assert sglang[sglang.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in sglang
-        vllm = server_spec("vllm", target, server, where, 3).command(1)
+        vllm = server_spec("vllm", target, server, method, 3, where).command(1)
         assert vllm[vllm.index("--tensor-parallel-size") + 1] == "8" and "--tp" not in vllm
     assert "--speculative-algorithm" in sglang
     # A block drafter is served as its own method, drafting its trained block minus the anchor.
     (drafter / "config.json").write_text(json.dumps({"speculators_model_type": "dflash", "block_size": 8}))
-    vllm = server_spec("vllm", target, server, str(drafter), 3).command(1)
+    vllm = server_spec("vllm", target, server, *drafted_per_step(str(drafter), 3), str(drafter)).command(1)
     assert json.loads(vllm[vllm.index("--speculative-config") + 1]) == {
         "method": "dflash", "model": str(drafter), "num_speculative_tokens": 7}
+    # A training-free method needs no drafter: n-gram with its prompt lookup settings.
+    vllm = server_spec("vllm", target, server, "ngram", 2, None, {"ngram": {"prompt_lookup_min": 2,
+                                                                           "prompt_lookup_max": 4}}).command(1)
+    assert json.loads(vllm[vllm.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     generation = generation_spec(target, server, {"engine": "sglang", "extra_args": None, "env": {}}).command(1)
     assert generation[generation.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in generation
 

@@ -132,3 +132,18 @@ def test_a_mend_vllm_no_longer_takes_is_named_and_the_others_still_apply(tmp_pat
                                                            "(as vllm#56431 for XPU)"]
     assert "ModuleNotFoundError" in reasons["a mend of a moved module"]
     assert "not applied: DFlash context keys" in done.stderr
+
+
+def test_a_dflash_drafter_is_not_served_on_a_cpu_whose_vllm_no_longer_takes_the_mend(monkeypatch):
+    """Served anyway, a multi-layer DFlash drafter would draft from wrongly normalised keys: the greedy
+    answers stay the target's (verification), so nothing downstream would notice."""
+    from draftsmith.generation import vllm_fixes
+
+    two = {"transformer_layer_config": {"num_hidden_layers": 2}}
+    monkeypatch.setattr(vllm_fixes, "unmended", lambda: {vllm_fixes.DFLASH_KEYS: "vllm...qwen3_dflash changed"})
+    assert "not served here" in vllm_fixes.unserved_here("dflash", two, on_gpus=False)
+    assert vllm_fixes.unserved_here("dflash", two, on_gpus=True) is None  # a GPU kernel normalises per layer
+    assert vllm_fixes.unserved_here("dflash", {"transformer_layer_config": {"num_hidden_layers": 1}}, False) is None
+    assert vllm_fixes.unserved_here("eagle3", two, False) is None
+    monkeypatch.setattr(vllm_fixes, "unmended", dict)
+    assert vllm_fixes.unserved_here("dflash", two, False) is None

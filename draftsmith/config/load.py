@@ -193,6 +193,8 @@ def _message(error: jsonschema.ValidationError) -> str:
         return error.schema["x-message"]
     if error.validator == "additionalProperties":
         return error.message.replace("Additional properties are not allowed", "unknown key(s)")
+    if error.validator == "type" and isinstance(error.schema, dict) and "x-type-message" in error.schema:
+        return f"{error.instance!r} {error.schema['x-type-message']}"
     renamed = error.schema.get("x-renamed", {}) if isinstance(error.schema, dict) else {}
     if error.validator == "enum" and isinstance(error.instance, str) and error.instance in renamed:
         return f"{error.instance!r} was renamed: write {renamed[error.instance]}"

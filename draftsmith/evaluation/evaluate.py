@@ -1,13 +1,17 @@
-"""Evaluate a drafter: the same held-out prompts through a baseline and a vLLM server with the drafter.
+"""Measure serving methods: the same held-out prompts through the target alone and with each method, on
+a grid of draft lengths and concurrencies, one server at a time.
 
-The baseline (the target without a drafter) is measured once, by its own job, and read by every
-evaluation of a drafter: it depends only on the target, the prompt sets and the sampling, so a
-retrained drafter (or each recipe of a comparison) needs one server start, not two.
+A method's job (:func:`measure_method`) measures the target alone first, at every concurrency, set and
+temperature, then each draft length of the method on a server of its own at the same points: every
+speed-up divides by a baseline measured in the same window (the job holds the machine for its
+measurements; ``rules/evaluate.smk``), never by one measured earlier beside other work.
 
-Acceptance is read from the drafting server's own Prometheus counters, as deltas around each
-prompt set, so it is the engine's measurement, not ours. τ here is the **pooled** mean
-acceptance length, ``1 + accepted draft tokens / drafts`` over all drafts of the set (not a mean
-of per-request τ).
+Acceptance is read from the drafting server's own Prometheus counters, as deltas around each prompt
+set (after its warm-up request), so it is the engine's measurement, not ours. Two figures come of it:
+τ, vLLM's **pooled** mean acceptance length per draft (``1 + accepted draft tokens / drafts``), and
+**tokens per target step** over all steps (output tokens / (output tokens - accepted tokens): every
+target step gives one token plus the drafts it accepted). The second is the one that compares a
+trained drafter with a training-free method, which drafts only where its n-gram matches.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from draftsmith.config.target import Target
 from draftsmith.data.datasets import Prompt, load_configured
+from draftsmith.evaluation import methods
 from draftsmith.generation.client import ChatClient, RetryPolicy
 from draftsmith.training import families
 
@@ -46,16 +53,20 @@ def scrape_spec_counters(root_url: str) -> dict[str, float]:
     return out
 
 
-def acceptance(before: dict[str, float], after: dict[str, float]) -> dict:
+def acceptance(before: dict[str, float], after: dict[str, float], output_tokens: int | None = None) -> dict:
+    """The counters' deltas; ``output_tokens``: what the requests in between generated, for the tokens per
+    target step over all steps (None without it, or when nothing was generated)."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     drafts = delta.get("num_drafts", 0.0)
     accepted = delta.get("num_accepted_tokens", 0.0)
     positions = sorted(int(k.removeprefix("per_pos_")) for k in delta if k.startswith("per_pos_"))
+    steps = output_tokens - accepted if output_tokens else 0
     return {
         "drafts": drafts,
         "draft_tokens": delta.get("num_draft_tokens", 0.0),
         "accepted_tokens": accepted,
         "tau_pooled": 1.0 + accepted / drafts if drafts else None,
+        "tokens_per_step": output_tokens / steps if steps > 0 else None,
         "acceptance_rate_per_position": [delta[f"per_pos_{k}"] / drafts if drafts else None for k in positions],
     }
 
@@ -97,8 +108,6 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
                 tokens += result.completion_tokens
 
     try:
-        await one(prompts[0])  # warm-up, not timed
-        tokens = 0
         started = time.monotonic()
         await asyncio.gather(*(one(p) for p in prompts))
         return SetRun(len(prompts), tokens, time.monotonic() - started)
@@ -125,38 +134,6 @@ def prompt_sets(cfg: dict, base_dir) -> dict[str, list[Prompt]]:
     return {name: load_configured(entry, base_dir).prompts for name, entry in cfg["prompt_sets"].items()}
 
 
-def baseline_runs(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float],
-                  max_tokens: int, seeded: bool, concurrency: int) -> list[dict]:
-    """Every (set, temperature) through the server without a drafter: what speed-ups divide by."""
-    runs = []
-    for name, prompts in sets.items():
-        for t in temperatures:
-            measured = asyncio.run(run_set(base_url, model, prompts, sampling(max_tokens, t, seeded),
-                                           concurrency)).as_dict()
-            log.info("baseline %s T=%s: %s", name, t, measured)
-            runs.append({"set": name, "temperature": t, "prompts": len(prompts), "baseline": measured})
-    return runs
-
-
-def runs_from_baseline(baseline: dict, path: str, sets: dict[str, list[Prompt]], temperatures: list[float],
-                       max_tokens: int) -> dict[tuple[str, float], dict]:
-    """The evaluation's runs, keyed (set, temperature), each starting from its baseline measurement.
-    A baseline of other sets, temperatures, lengths or prompt counts is refused, naming the file."""
-    want = {(name, t): len(prompts) for name, prompts in sets.items() for t in temperatures}
-    have = {(r["set"], r["temperature"]): r["prompts"] for r in baseline["runs"]}
-    if have != want or baseline["max_tokens"] != max_tokens:
-        raise ValueError(f"{path}: measured for {sorted(have.items())} at max_tokens {baseline['max_tokens']}, "
-                         f"this evaluation needs {sorted(want.items())} at {max_tokens}; delete it to measure again")
-    return {(r["set"], r["temperature"]): {**r, "drafters": {}} for r in baseline["runs"]}
-
-
-def add_speedups(runs: list[dict]) -> None:
-    for res in runs:
-        base = res["baseline"]["output_tok_s"]
-        for measured in res["drafters"].values():
-            measured["speedup"] = measured["output_tok_s"] / base if base and measured["output_tok_s"] else None
-
-
 def root_of(base_url: str) -> str:
     return base_url.removesuffix("/v1")
 
@@ -169,17 +146,19 @@ def drafted_per_step(drafter: str, chain: int) -> tuple[str, int]:
     return family, families.num_speculative_tokens(family, config, chain)
 
 
-def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | None = None, chain: int = 3):
-    """The baseline (``drafter`` None) or a server with the drafter, for one engine. ``chain``: EAGLE-3's
-    draft tokens per step (``evaluation.num_speculative_tokens``)."""
+def server_spec(engine: str, target: Target, server_cfg: dict, method: str | None = None, k: int = 0,
+                drafter: str | None = None, evaluation: dict | None = None):
+    """The target alone (``method`` None), or ``target`` serving ``method`` with ``k`` draft tokens per step
+    (a trained method's exported folder in ``drafter``; ``evaluation``: a training-free method's settings)."""
     from draftsmith.generation.server import spec_from_config
 
-    if drafter is None:
+    if method is None:
         return spec_from_config(target, server_cfg, engine=engine)
-    family, k = drafted_per_step(drafter, chain)
     if engine == "vllm":
-        return spec_from_config(target, server_cfg, speculative_config={
-            "method": families.VLLM_METHOD[family], "model": drafter, "num_speculative_tokens": k})
+        return spec_from_config(target, server_cfg, speculative_config=methods.speculative_config(
+            method, k, evaluation or {}, drafter))
+    if method != families.DEFAULT_FAMILY:
+        raise ValueError(f"SGLang serves EAGLE-3 drafters here, not {method}")
     # SGLang reads the SGLang export (EAGLE-3 only), drafting a chain of k tokens (top-k 1), after the
     # user's SGLang flags.
     return spec_from_config(target, server_cfg, engine="sglang", more_args=(
@@ -188,14 +167,30 @@ def server_spec(engine: str, target: Target, server_cfg: dict, drafter: str | No
         "--speculative-num-draft-tokens", str(k + 1)))
 
 
-def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str) -> dict:
-    """Throughput and acceptance of one prompt set on a drafting server."""
+# Each prompt set is sent once per temperature and concurrency: with the engine's prefix cache on, every pass
+# after the first skips its prefill, and the order of the passes, not the method, would set the speed-ups.
+NO_PREFIX_CACHE = {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-radix-cache"}
+
+
+def for_measurement(spec):
+    """``spec`` as a measurement serves it: every request pays its prefill, as distinct traffic does (unless
+    the user's engine flags set the cache themselves)."""
+    if not any("prefix-caching" in arg or "radix-cache" in arg for arg in spec.extra_args):
+        spec.extra_args.append(NO_PREFIX_CACHE[spec.engine])
+    return spec
+
+
+def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str,
+            drafting: bool = True) -> dict:
+    """Throughput of one prompt set; on a drafting server, acceptance over its requests (a server's first
+    request is a warm-up: :func:`warm_up`)."""
     root = root_of(base_url)
-    before = scrape_spec_counters(root) if engine == "vllm" else {}
+    counted = drafting and engine == "vllm"
+    before = scrape_spec_counters(root) if counted else {}
     result = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency)).as_dict()
-    if engine == "vllm":
-        result["acceptance"] = acceptance(before, scrape_spec_counters(root))
-    else:
+    if counted:
+        result["acceptance"] = acceptance(before, scrape_spec_counters(root), result["output_tokens"])
+    elif drafting:
         result["acceptance"] = sglang_acceptance(root)
     return result
 
@@ -206,4 +201,72 @@ def sglang_acceptance(root_url: str) -> dict:
     states = info.get("internal_states") or [{}]
     tau = states[0].get("avg_spec_accept_length")
     return {"drafts": None, "draft_tokens": None, "accepted_tokens": None, "tau_pooled": tau,
-            "acceptance_rate_per_position": []}
+            "tokens_per_step": None, "acceptance_rate_per_position": []}
+
+
+def warm_up(base_url: str, model: str, sets: dict[str, list[Prompt]], max_tokens: int) -> None:
+    """One untimed request, before a fresh server's first measurement (its first request pays for
+    allocations the others do not)."""
+    first = next(iter(sets.values()))[:1]
+    asyncio.run(run_set(base_url, model, first, sampling(max_tokens, 0.0, False), 1))
+
+
+def runs_at(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float], max_tokens: int,
+            seeded: bool, concurrency: int, engine: str, drafting: bool) -> list[dict]:
+    """Every (set, temperature) at one concurrency on one server."""
+    runs = []
+    for name, prompts in sets.items():
+        for t in temperatures:
+            measured = measure(base_url, model, prompts, sampling(max_tokens, t, seeded), concurrency, engine, drafting)
+            log.info("%s T=%s at concurrency %d: %s", name, t, concurrency, measured)
+            runs.append({"set": name, "temperature": t, "prompts": len(prompts), **measured})
+    return runs
+
+
+@dataclass
+class Grid:
+    """What one method's job measures: every concurrency, set and temperature, per draft length."""
+
+    sets: dict[str, list[Prompt]]
+    temperatures: list[float]
+    max_tokens: int
+    concurrencies: list[int]
+    seeded: bool
+    engine: str
+
+
+def measure_method(grid: Grid, model: str, baseline_server: Callable[[], AbstractContextManager],
+                   cells: dict[tuple[str, int], Callable[[], AbstractContextManager]]) -> dict:
+    """The target alone (``baseline_server``) at every point of ``grid``, then each ``(drafter label, draft
+    length)`` of ``cells`` on its own server at the same points, in this order, one server at a time:
+    every cell's speed-up divides by the baseline measured in this same window."""
+    window = [time.time(), None]
+    starts: list[float] = []
+
+    @contextmanager
+    def started(server: Callable[[], AbstractContextManager]) -> Iterator:
+        begun = time.monotonic()
+        with server() as running:
+            starts.append(round(time.monotonic() - begun, 1))
+            warm_up(running.base_url, model, grid.sets, grid.max_tokens)
+            yield running
+
+    baseline = {}
+    with started(baseline_server) as running:
+        for c in grid.concurrencies:
+            baseline[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded,
+                                  c, grid.engine, drafting=False)
+    measured = []
+    for (label, k), server in cells.items():
+        with started(server) as running:
+            for c in grid.concurrencies:
+                runs = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded,
+                               c, grid.engine, drafting=True)
+                for run, base in zip(runs, baseline[c], strict=True):
+                    run["baseline_tok_s"] = base["output_tok_s"]
+                    run["speedup"] = run["output_tok_s"] / base["output_tok_s"] \
+                        if base["output_tok_s"] and run["output_tok_s"] else None
+                measured.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
+    window[1] = time.time()
+    return {"baseline": [{"concurrency": c, "runs": runs} for c, runs in baseline.items()], "cells": measured,
+            "window": window, "server_start_s": starts}

@@ -1,20 +1,23 @@
 """``results/drafter/README.md``: the description drafters are published with on the Hugging Face hub.
 
-YAML front matter the hub reads (base model, tags, datasets, license note), then how to serve it
-with vLLM and SGLang, what it achieved (τ per evaluation set and temperature), what it was trained
-on, the recipe, the config digest and how to reproduce it. Every figure comes from the run's own
-files; nothing is typed in by hand.
+YAML front matter the hub reads (base model, tags, datasets, license note), then the serving recipe
+(per concurrency band the vLLM and, for EAGLE-3, SGLang command with the draft length measured best
+there, its speed-up and τ, and a training-free method where one beat the drafter), what it achieved
+(τ per evaluation set and temperature), what it was trained on, the recipe, the config digest and how
+to reproduce it. Every figure comes from the run's own files; nothing is typed in by hand.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import dataclass
 
 import yaml
 
 from draftsmith.data.datasets import hub_id
-from draftsmith.evaluation.pick import score
-from draftsmith.training.families import DISPLAY_NAME, VLLM_METHOD
+from draftsmith.evaluation.methods import DISPLAY_NAME, speculative_config
+from draftsmith.evaluation.pick import FIGURES
 
 
 @dataclass
@@ -45,18 +48,73 @@ def front_matter(inputs: CardInputs) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-def serving(inputs: CardInputs, k: int) -> list[str]:
-    spec = f'{{"method": "{VLLM_METHOD[inputs.family]}", "model": "<this folder>", "num_speculative_tokens": {k}}}'
-    lines = ["## Serving", "", "vLLM (this folder, speculators format):", "", "```bash",
-             f"vllm serve {inputs.base_model} --speculative-config '{spec}'", "```", ""]
-    if inputs.sglang_reason is None:
-        lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
-                  f"python -m sglang.launch_server --model-path {inputs.base_model} --speculative-algorithm EAGLE3 \\",
-                  f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
-                  f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```"]
-    else:
+def bands(concurrencies: list[int]) -> list[str]:
+    """The concurrencies each measured point stands for: up to the next one measured."""
+    points = sorted(concurrencies)
+    if len(points) == 1:
+        return [f"any concurrency (measured at {points[0]})"]
+    middle = [f"{c} to {n - 1} (measured at {c})" for c, n in itertools.pairwise(points[1:])]
+    return [f"below {points[1]} (measured at {points[0]})", *middle,
+            f"{points[-1]} and above (measured at {points[-1]})"]
+
+
+def _vllm(base_model: str, config: dict) -> str:
+    return f"vllm serve {base_model} --speculative-config '{json.dumps(config)}'"
+
+
+def serving(inputs: CardInputs) -> list[str]:
+    """Per concurrency band: this drafter at the draft length measured best there (or the training-free
+    method that beat it, said plainly), with its command, speed-up and tokens per target step."""
+    results, family = inputs.results, inputs.family
+    by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
+    where = ("a GPU" if results.get("on_accelerator") else
+             "a CPU (vLLM's CPU build): there drafting costs about as much as a target step, so the figure that "
+             "carries over is τ (tokens per target step); the speed-ups that matter come from your GPUs: measure "
+             "them with `./run.sh` and `server.gpus` set")
+    lines = ["## Serving recipe", "",
+             f"Measured by draftsmith with {results['engine']} at concurrency "
+             f"{', '.join(map(str, results['concurrency']))}, each setting against the target alone in the same "
+             f"window, on {where}. Tokens per target step count every step.", ""]
+    evaluation = results["methods"].get(family, {})
+    for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"]), strict=True):
+        entry = by_concurrency.get(c, {})
+        ours = next((cell for cell in entry.get("ranked", []) if cell["method"] == family), None)
+        lines += [f"### Concurrency {band}", ""]
+        if ours is None:
+            lines += [f"{DISPLAY_NAME[family]} was not measured at this concurrency.", ""]
+            continue
+        lines += [f"{DISPLAY_NAME[family]}, {_tokens(ours['k'])}: speed-up {_num(ours['speedup'], '.2f')}×, "
+                  f"{_num(ours['tokens_per_step'], '.3f')} tokens per target step (τ per draft "
+                  f"{_num(ours['tau'], '.3f')}).", "", "```bash",
+                  _vllm(inputs.base_model, speculative_config(family, ours["k"], {}, "<this folder>")), "```", ""]
+        if inputs.sglang_reason is None:
+            k = ours["k"]
+            lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
+                      f"python -m sglang.launch_server --model-path {inputs.base_model} "
+                      "--speculative-algorithm EAGLE3 \\",
+                      f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
+                      f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
+        best = entry.get("best")
+        if best and not best["trained"] and entry.get("training_free_wins"):
+            lines += [f"**Here {DISPLAY_NAME[best['method']]}, which needs no drafter, beat every trained drafter**: "
+                      f"{FIGURES[results['pick']['by']]} {best['score']:.3f} against {ours['score']:.3f} "
+                      f"(speed-up {_num(best['speedup'], '.2f')}×, {_num(best['tokens_per_step'], '.3f')} tokens per "
+                      "step). Serve it instead at this concurrency:", "", "```bash",
+                      _vllm(inputs.base_model, speculative_config(best["method"], best["k"], results)), "```",
+                      ""]
+    if inputs.sglang_reason is not None:
         lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason})."]
+    if not evaluation.get("cells"):
+        lines += ["", f"{DISPLAY_NAME[family]} was not measured here."]
     return lines
+
+
+def _tokens(k: int) -> str:
+    return f"{k} draft token{'' if k == 1 else 's'}"
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
 
 
 def pick(results: dict) -> list[str]:
@@ -66,31 +124,32 @@ def pick(results: dict) -> list[str]:
         return []
     lines = ["## Why this family", "",
              f"draftsmith trained {', '.join(DISPLAY_NAME[r['family']] for r in rows)} from the same data and "
-             f"served each on the same prompts; this one had the {chosen['why']}. Measured over prompt sets "
-             "and temperatures (τ: mean; speed-up: geometric mean, as the pick ranks them):", "",
-             "| family | τ (pooled) | speed-up |", "|---|---:|---:|"]
+             f"served each on the same prompts; this one had the {chosen['why']}. Each at its best draft length at "
+             f"concurrency {chosen['at']} (speed-up: geometric mean over prompt sets and temperatures):", "",
+             "| family | draft tokens | tokens / step | speed-up |", "|---|---:|---:|---:|"]
     for row in rows:
         if not row["served"]:
-            lines.append(f"| {DISPLAY_NAME[row['family']]} | not served here | – |")
+            lines.append(f"| {DISPLAY_NAME[row['family']]} | – | {row['excluded']}: {row['reason']} | – |")
             continue
-        tau, speedup = score(row["runs"], "tau"), score(row["runs"], "speedup")
-        lines.append(f"| {DISPLAY_NAME[row['family']]} | {'–' if tau is None else f'{tau:.3f}'} | "
-                     f"{'–' if speedup is None else f'{speedup:.2f}×'} |")
+        best = row["best"] or {}
+        lines.append(f"| {DISPLAY_NAME[row['family']]} | {best.get('k', '–')} | "
+                     f"{_num(best.get('tokens_per_step'), '.3f')} | {_num(best.get('speedup'), '.2f')}× |")
     return lines
 
 
 def results_table(results: dict) -> list[str]:
+    chosen = results["pick"]
     lines = ["## Acceptance", "",
-             f"Mean acceptance length τ, **pooled** over every draft (1 + accepted draft tokens / drafts), "
-             f"{results['num_speculative_tokens']} speculative tokens, measured by {results['engine']} on held-out "
-             "prompts (decontaminated against the training prompts):", "",
-             "| prompt set | prompts | temperature | τ (pooled) | acceptance by position |", "|---|---:|---:|---:|---|"]
+             f"Mean acceptance length τ, **pooled** over every draft (1 + accepted draft tokens / drafts), and tokens "
+             f"per target step, {chosen['k']} draft tokens at concurrency {chosen['at']}, measured by "
+             f"{results['engine']} on held-out prompts (decontaminated against the training prompts):", "",
+             "| prompt set | prompts | temperature | τ (pooled) | tokens / step | acceptance by position |",
+             "|---|---:|---:|---:|---:|---|"]
     for run in results["runs"]:
-        acc = run["drafters"].get("finetuned", {}).get("acceptance", {})
-        tau = acc.get("tau_pooled")
+        acc = run["acceptance"]
         per_pos = ", ".join(f"{r:.2f}" for r in acc.get("acceptance_rate_per_position", []))
-        lines.append(f"| {run['set']} | {run['prompts']} | {run['temperature']:g} | "
-                     f"{'–' if tau is None else f'{tau:.3f}'} | {per_pos} |")
+        lines.append(f"| {run['set']} | {run['prompts']} | {run['temperature']:g} | {_num(acc['tau_pooled'], '.3f')} | "
+                     f"{_num(acc.get('tokens_per_step'), '.3f')} | {per_pos} |")
     return lines
 
 
@@ -163,13 +222,12 @@ def _section(lines: list[str]) -> list[str]:
 
 
 def card(inputs: CardInputs) -> str:
-    k = inputs.results["num_speculative_tokens"]
     lines = [front_matter(inputs),
              f"# {DISPLAY_NAME[inputs.family]} drafter for {inputs.base_model}", "",
              f"A speculative-decoding drafter trained by draftsmith with "
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
              f"`{inputs.base_model}`. The license of the base model applies.", "",
-             *serving(inputs, k), "", *results_table(inputs.results), "", *_section(pick(inputs.results)),
+             *serving(inputs), "", *results_table(inputs.results), "", *_section(pick(inputs.results)),
              *training_data(inputs), "",
              *recipe(inputs), "",
              "## Reproduce", "", "```bash", "./run.sh --configfile <the config this run used>",

@@ -1,10 +1,20 @@
-"""The pick: which trained family becomes ``results/drafter/``, from measurements only.
+"""The pick: which serving setting wins at each concurrency, and which trained family becomes
+``results/drafter/``, from measurements only.
 
-Each family was served and measured on the same prompt sets, temperatures and concurrency as the
-target alone. ``speedup`` ranks them by the geometric mean of their speed-ups over those runs (a
-ratio: one set twice as fast and one half as fast is no gain), ``tau`` by the mean pooled acceptance
-length. A family the engine cannot serve here has no figure and is never picked; a tie goes to the
-family listed first in ``train.families``.
+Every method (each trained family, each training-free one) was measured in a job of its own, against
+the target alone measured in the same window, on the same prompt sets and temperatures, at every
+concurrency of ``evaluation.concurrency`` and each of its draft lengths: a **cell** is one (method,
+draft length, concurrency). A cell's figure for ``pick_by`` is ``speedup``, the geometric mean of its
+speed-ups over sets and temperatures (a ratio: one set twice as fast and one half as fast is no gain),
+or ``tau``, the mean tokens per target step (over all steps, so that a training-free method that
+drafts only where it finds a match is counted like a drafter that always drafts).
+
+- At each concurrency the best cell of all, with its margin over the best cell of another method, the
+  best trained and the best training-free one, and what training bought (the trained drafter's tokens
+  per target step over the best training-free method's).
+- ``results/drafter/`` is the trained family whose best cell at ``evaluation.pick_at`` is best. A family
+  the engine cannot serve here, or whose export or gate failed, has no figure and is left out with its
+  reason; the pick fails only when no family was measured. A tie goes to the family listed first.
 """
 
 from __future__ import annotations
@@ -15,27 +25,18 @@ from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path
 
-FINETUNED = "finetuned"  # the evaluation's label for the drafter this workflow trained
+FINETUNED = "finetuned"  # the label of the drafter this workflow trained, in its family's cells
+FIGURES = {"speedup": "speed-up", "tau": "tokens per target step"}
 
 
 class NothingToPick(ValueError):
     pass
 
 
-def family_runs(evaluation: dict) -> list[dict]:
-    """Per (set, temperature): the trained drafter's τ, tok/s, speed-up and acceptance by position."""
-    out = []
-    for run in evaluation["runs"]:
-        measured = run["drafters"][FINETUNED]
-        out.append({"set": run["set"], "temperature": run["temperature"], "tau": measured["acceptance"]["tau_pooled"],
-                    "output_tok_s": measured["output_tok_s"], "speedup": measured["speedup"],
-                    "acceptance_rate_per_position": measured["acceptance"]["acceptance_rate_per_position"]})
-    return out
-
-
 def score(runs: list[dict], pick_by: str) -> float | None:
-    """The family's figure for ``pick_by``; None when a run has none (nothing drafted, or not measured)."""
-    values = [r["speedup" if pick_by == "speedup" else "tau"] for r in runs]
+    """A cell's figure for ``pick_by``; None when a run has none (nothing drafted, or not measured)."""
+    values = [r["speedup"] if pick_by == "speedup" else (r.get("acceptance") or {}).get("tokens_per_step")
+              for r in runs]
     if not values or any(v is None or v <= 0 for v in values):
         return None
     if pick_by == "speedup":
@@ -43,33 +44,102 @@ def score(runs: list[dict], pick_by: str) -> float | None:
     return sum(values) / len(values)
 
 
-def summary(family: str, evaluation: dict, training: dict, drafter_bytes: int, pick_by: str) -> dict:
-    """One family's row of the side-by-side: its measured runs (or why none), training time and size."""
+def figures(cell: dict) -> dict:
+    """A cell's speed-up, tokens per target step and τ (vLLM's pooled per draft), over its runs."""
+    taus = [(r.get("acceptance") or {}).get("tau_pooled") for r in cell["runs"]]
+    return {"speedup": score(cell["runs"], "speedup"), "tokens_per_step": score(cell["runs"], "tau"),
+            "tau": sum(taus) / len(taus) if taus and None not in taus else None}
+
+
+def label_of(evaluation: dict) -> str:
+    """The label of the cells a method is ranked by: the trained drafter's, or the method's own."""
+    return FINETUNED if evaluation.get("trained") else evaluation["method"]
+
+
+def best_cell(evaluation: dict, concurrency: int, pick_by: str) -> dict | None:
+    """The method's best draft length at ``concurrency`` (the first listed on a tie), with its figures."""
+    cells = [c for c in evaluation.get("cells", []) if c["concurrency"] == concurrency
+             and c["drafter"] == label_of(evaluation)]
+    scored = [(score(c["runs"], pick_by), i, c) for i, c in enumerate(cells)]
+    scored = [s for s in scored if s[0] is not None]
+    if not scored:
+        return None
+    value, _, cell = max(scored, key=lambda s: (s[0], -s[1]))
+    return {"method": evaluation["method"], "trained": bool(evaluation.get("trained")), "k": cell["k"],
+            "concurrency": concurrency, "score": value, **figures(cell)}
+
+
+def serving(evaluations: dict[str, dict], concurrencies: list[int], pick_by: str) -> list[dict]:
+    """Per concurrency: every method's best cell, ranked (methods in the listed order on a tie), the best
+    with its margin over the next method, and the best trained against the best training-free one."""
+    out = []
+    for c in concurrencies:
+        best = [cell for e in evaluations.values() if (cell := best_cell(e, c, pick_by))]
+        ranked = sorted(best, key=lambda cell: -cell["score"])  # stable: ties keep the listed order
+        entry: dict = {"concurrency": c, "ranked": ranked, "best": ranked[0] if ranked else None}
+        if len(ranked) > 1:
+            entry["runner_up"] = ranked[1]
+            entry["margin"] = ranked[0]["score"] / ranked[1]["score"] - 1
+        trained = next((cell for cell in ranked if cell["trained"]), None)
+        free = next((cell for cell in ranked if not cell["trained"]), None)
+        entry["best_trained"], entry["best_training_free"] = trained, free
+        entry["training_free_wins"] = bool(free and ranked[0] is free and trained)
+        if trained and free and trained["tokens_per_step"] and free["tokens_per_step"]:
+            entry["training_bought"] = trained["tokens_per_step"] / free["tokens_per_step"] - 1
+        out.append(entry)
+    return out
+
+
+def summary(family: str, evaluation: dict, training: dict, drafter_bytes: int, pick_by: str, pick_at: int) -> dict:
+    """One trained family's row of the side-by-side: its best cell at ``pick_at`` (or why it has none),
+    training time and size."""
     row = {"family": family, "drafter_bytes": drafter_bytes, "train_s": training.get("phases", {}).get("done_s"),
-           "simulated_tau": training["chosen"].get("simulated_tau"), "num_speculative_tokens":
-           evaluation.get("num_speculative_tokens")}
-    if evaluation.get("not_served"):
-        return {**row, "served": False, "reason": evaluation["not_served"], "runs": [], "score": None}
-    runs = family_runs(evaluation)
-    return {**row, "served": True, "runs": runs, "score": score(runs, pick_by)}
+           "simulated_tau": training["chosen"].get("simulated_tau"), "draft_lengths": evaluation.get("draft_lengths")}
+    for key, why in (("not_served", "not served here"), ("failed", "failed")):
+        if evaluation.get(key):
+            return {**row, "served": False, "excluded": why, "reason": evaluation[key], "best": None, "score": None,
+                    "runs": []}
+    best = best_cell(evaluation, pick_at, pick_by)
+    return {**row, "served": True, "best": best, "score": best and best["score"],
+            "runs": cell_runs(evaluation, best) if best else []}
 
 
-def choose(rows: list[dict], pick_by: str) -> tuple[str, str]:
+def cell_runs(evaluation: dict, best: dict) -> list[dict]:
+    """The runs (set, temperature) of the cell ``best`` names."""
+    return next(c["runs"] for c in evaluation["cells"] if c["drafter"] == label_of(evaluation)
+                and (c["k"], c["concurrency"]) == (best["k"], best["concurrency"]))
+
+
+def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
     """The picked family and why, with the margin over the next one."""
     ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: -r["score"])  # stable: ties keep order
     if not ranked:
-        why = "; ".join(f"{r['family']}: {r.get('reason') or 'no ' + pick_by + ' measured'}" for r in rows)
-        raise NothingToPick(f"no family has a measured {pick_by} to pick by ({why})")
+        why = "; ".join(f"{r['family']}: {r.get('reason') or 'no ' + FIGURES[pick_by] + ' measured'}" for r in rows)
+        raise NothingToPick(f"no family has a measured {FIGURES[pick_by]} to pick by ({why})")
     best = ranked[0]
-    name = "speed-up" if pick_by == "speedup" else "τ"
+    name, at = FIGURES[pick_by], f"at concurrency {pick_at}, {best['best']['k']} draft tokens"
     if len(ranked) == 1:
-        others = [r["family"] for r in rows if r is not best]
-        return best["family"], (f"{name} {best['score']:.3f}, the only family measured"
-                                + (f" ({', '.join(others)} not measured)" if others else ""))
+        others = [f"{r['family']} ({r.get('excluded') or 'not measured'})" for r in rows if r is not best]
+        return best["family"], (f"{name} {best['score']:.3f} {at}, the only family measured"
+                                + (f"; {', '.join(others)}" if others else ""))
     second = ranked[1]
     margin = best["score"] / second["score"] - 1
-    return best["family"], (f"best {name} {best['score']:.3f}, {margin:+.1%} over {second['family']} "
+    return best["family"], (f"best {name} {best['score']:.3f} {at}, {margin:+.1%} over {second['family']} "
                             f"({second['score']:.3f})")
+
+
+def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: str, concurrencies: list[int],
+            pick_by: str, pick_at: int, ngram: dict) -> dict:
+    """``results/evaluation/results.json``: the pick, the serving table per concurrency, every family's row,
+    every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows)."""
+    winner, first = next(r for r in rows if r["family"] == chosen), evaluations[chosen]
+    return {"target": first["target"], "engine": first["engine"], "max_tokens": first["max_tokens"],
+            "temperatures": first["temperatures"], "concurrency": concurrencies, "ngram": ngram,
+            "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
+            "on_accelerator": first.get("on_accelerator"), "family": chosen,
+            "pick": {"by": pick_by, "at": pick_at, "family": chosen, "k": winner["best"]["k"], "why": why},
+            "runs": winner["runs"], "families": rows, "serving": serving(evaluations, concurrencies, pick_by),
+            "methods": evaluations}
 
 
 def copy_drafter(source: Path, dest: Path) -> None:

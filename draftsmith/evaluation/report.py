@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
-from draftsmith.training.families import DEFAULT_FAMILY, DISPLAY_NAME, step_accuracies
+from draftsmith.evaluation.methods import DISPLAY_NAME
+from draftsmith.evaluation.pick import FIGURES, figures
+from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
 
 @dataclass
@@ -43,33 +45,85 @@ def _label(run: dict) -> str:
     return f"{run['set']} T={run['temperature']:g}"
 
 
+def _cells(results: dict) -> list[tuple[str, dict]]:
+    """Every measured cell of every method (the trained drafter's and each training-free method's),
+    as (method, cell), in the listed order of methods, draft lengths and concurrencies."""
+    from draftsmith.evaluation.pick import label_of
+
+    return [(method, cell) for method, evaluation in results["methods"].items()
+            for cell in evaluation.get("cells", []) if cell["drafter"] == label_of(evaluation)]
+
+
+def _row_name(method: str, k: int) -> str:
+    return f"{DISPLAY_NAME[method]} k={k}"
+
+
+def pooled_positions(cell: dict) -> list[float]:
+    """Acceptance rate by draft position over a cell's runs, weighted by each run's drafts."""
+    rows = [(r["acceptance"]["drafts"] or 0, r["acceptance"]["acceptance_rate_per_position"]) for r in cell["runs"]]
+    drafts = sum(d for d, _ in rows)
+    width = max((len(rates) for _, rates in rows), default=0)
+    if not drafts:
+        return []
+    return [sum(d * (rates[i] or 0) for d, rates in rows if i < len(rates)) / drafts for i in range(width)]
+
+
 def plot(results: dict, out: Path) -> None:
-    """Acceptance by draft position per set and drafter, and throughput against the baseline."""
+    """Acceptance by draft position per cell, and tokens per target step per method and draft length at
+    each concurrency."""
     plt = _pyplot()
-    runs = results["runs"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    cells = _cells(results)
     positions = 0
-    for run in runs:
-        for label, measured in run["drafters"].items():
-            rates = measured["acceptance"]["acceptance_rate_per_position"]
-            positions = max(positions, len(rates))
-            ax1.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{_label(run)} · {label}")
+    for method, cell in cells:
+        rates = pooled_positions(cell)
+        positions = max(positions, len(rates))
+        ax1.plot(range(1, len(rates) + 1), rates, marker="o",
+                 label=f"{_row_name(method, cell['k'])} @{cell['concurrency']}")
     ax1.set_xticks(range(1, positions + 1))
-    ax1.set(title="Draft acceptance rate by position", xlabel="draft position", ylabel="accepted / drafts",
-            ylim=(0, 1))
+    ax1.set(title="Draft acceptance rate by position (pooled over sets and T)", xlabel="draft position",
+            ylabel="accepted / drafts", ylim=(0, 1))
     ax1.legend(fontsize=7)
-    drafters = list(results["drafters"])
-    width = 0.8 / (1 + len(drafters))
-    xs = range(len(runs))
-    ax2.bar([x - 0.4 + width / 2 for x in xs], [r["baseline"]["output_tok_s"] or 0 for r in runs], width,
-            label="baseline")
-    for i, label in enumerate(drafters, start=1):
-        ax2.bar([x - 0.4 + width / 2 + i * width for x in xs],
-                [r["drafters"][label]["output_tok_s"] or 0 for r in runs], width,
-                label=f"{family_name(results)} {label}")
-    ax2.set_xticks(list(xs), [_label(r) for r in runs], rotation=20, fontsize=8)
-    ax2.set(title="Output throughput", ylabel="output tok/s")
-    ax2.legend(fontsize=8)
+    rows = list(dict.fromkeys((m, c["k"]) for m, c in cells))
+    concurrencies = results["concurrency"]
+    width = 0.8 / max(1, len(rows))
+    for i, (method, k) in enumerate(rows):
+        values = [next((figures(c)["tokens_per_step"] or 0 for m, c in cells
+                        if (m, c["k"], c["concurrency"]) == (method, k, at)), 0) for at in concurrencies]
+        ax2.bar([x - 0.4 + width / 2 + i * width for x in range(len(concurrencies))], values, width,
+                label=_row_name(method, k))
+    ax2.set_xticks(range(len(concurrencies)), [f"concurrency {c}" for c in concurrencies])
+    ax2.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax2.set(title="Tokens per target step (all steps)", ylabel="tokens / step")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def plot_speedup_map(results: dict, out: Path) -> None:
+    """The speed-up map: method and draft length against concurrency, each cell the geometric mean of its
+    speed-ups over sets and temperatures; the best cell of each concurrency framed."""
+    plt = _pyplot()
+    cells = _cells(results)
+    rows = list(dict.fromkeys((m, c["k"]) for m, c in cells))
+    concurrencies = results["concurrency"]
+    values = [[next((figures(c)["speedup"] for m, c in cells if (m, c["k"], c["concurrency"]) == (method, k, at)),
+                    None) for at in concurrencies] for method, k in rows]
+    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(concurrencies), 1.2 + 0.45 * max(1, len(rows))))
+    grid = [[v if v is not None else float("nan") for v in row] for row in values]
+    image = ax.imshow(grid or [[float("nan")]], cmap="RdYlGn", vmin=0.0, vmax=2.0, aspect="auto")
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            ax.text(j, i, "–" if v is None else f"{v:.2f}×", ha="center", va="center", fontsize=9)
+    for entry in results.get("serving", []):
+        best = entry.get("best")
+        if best and (best["method"], best["k"]) in rows:
+            i, j = rows.index((best["method"], best["k"])), concurrencies.index(entry["concurrency"])
+            ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+    ax.set_xticks(range(len(concurrencies)), [str(c) for c in concurrencies])
+    ax.set_yticks(range(len(rows)), [_row_name(m, k) for m, k in rows])
+    ax.set(title="Speed-up over the target alone (geometric mean)", xlabel="concurrency")
+    fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
     _save(fig, out)
 
@@ -102,54 +156,95 @@ def family_name(record: dict) -> str:
 
 
 def plot_families(results: dict, out: Path) -> None:
-    """Every trained family side by side: τ and speed-up per prompt set and temperature."""
+    """Every trained family side by side at the pick's concurrency, each at its best draft length: τ and
+    speed-up per prompt set and temperature."""
     plt = _pyplot()
     rows = results.get("families") or []
-    served = [r for r in rows if r["served"]]
+    served = [r for r in rows if r["served"] and r["runs"]]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     labels = [_label(r) for r in (served[0]["runs"] if served else [])]
     width = 0.8 / max(1, len(served))
     for i, row in enumerate(served):
         xs = [x - 0.4 + width / 2 + i * width for x in range(len(labels))]
-        ax1.bar(xs, [r["tau"] or 0 for r in row["runs"]], width, label=DISPLAY_NAME[row["family"]])
-        ax2.bar(xs, [r["speedup"] or 0 for r in row["runs"]], width, label=DISPLAY_NAME[row["family"]])
-    for ax, title, ylabel in ((ax1, "Acceptance length τ (pooled)", "τ"), (ax2, "Speed-up over the target alone",
-                                                                           "× baseline tok/s")):
+        name = f"{DISPLAY_NAME[row['family']]} k={row['best']['k']}"
+        ax1.bar(xs, [r["acceptance"]["tokens_per_step"] or 0 for r in row["runs"]], width, label=name)
+        ax2.bar(xs, [r["speedup"] or 0 for r in row["runs"]], width, label=name)
+    for ax, title, ylabel in ((ax1, "Tokens per target step", "tokens / step"),
+                              (ax2, "Speed-up over the target alone", "× baseline tok/s")):
         ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
-        ax.set(title=title, ylabel=ylabel)
+        ax.set(title=f"{title} at concurrency {results['pick']['at']}", ylabel=ylabel)
         if served:
             ax.legend(fontsize=8)
     ax2.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    unserved = [f"{DISPLAY_NAME[r['family']]}: not served here" for r in rows if not r["served"]]
-    if unserved:
-        fig.text(0.5, 0.01, "; ".join(unserved), ha="center", fontsize=8)
+    left_out = [f"{DISPLAY_NAME[r['family']]}: {r['excluded']}" for r in rows if not r["served"]]
+    if left_out:
+        fig.text(0.5, 0.01, "; ".join(left_out), ha="center", fontsize=8)
     fig.tight_layout()
     _save(fig, out)
 
 
 def _families(results: dict) -> list[str]:
-    """The side-by-side table of every trained family, and the pick."""
-    rows, chosen = results.get("families") or [], results.get("pick") or {}
+    """The side-by-side table of every trained family at the pick's concurrency, and the pick."""
+    rows, chosen = results.get("families") or [], results["pick"]
     if not rows:
         return []
-    by = "speed-up" if chosen.get("by") == "speedup" else "τ"
     lines = ["## Drafter families", "",
-             f"**Picked: {DISPLAY_NAME[chosen['family']]}** by {by}: {chosen['why']}. Every family was trained from "
-             "the same hidden states and vocabulary and measured on the same prompt sets, temperatures and "
-             "concurrency; the others are in `results/drafters/{family}/`.", "",
-             "| family | prompt set | T | drafts/step | τ (pooled) | acceptance by position | tok/s | speed-up | "
-             "training time | drafter size |", "|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+             f"**Picked: {DISPLAY_NAME[chosen['family']]}** by {FIGURES[chosen['by']]} at concurrency {chosen['at']}: "
+             f"{chosen['why']}. Every family was trained from the same hidden states and vocabulary and measured "
+             "on the same prompt sets, temperatures and concurrencies, each against the target alone in the same "
+             "window; the others are in `results/drafters/{family}/`.", "",
+             "| family | draft tokens | prompt set | T | τ (pooled) | tokens / step | acceptance by position | tok/s | "
+             "speed-up | training time | drafter size |", "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in rows:
         size, train = f"{row['drafter_bytes'] / 2**20:.1f} MiB", _minutes(row["train_s"])
         name = DISPLAY_NAME[row["family"]] + (" ✔" if row["family"] == chosen["family"] else "")
         if not row["served"]:
-            lines.append(f"| {name} | – | – | – | not served here | {row['reason']} | – | – | {train} | {size} |")
+            lines.append(f"| {name} | – | – | – | {row['excluded']} | – | {row['reason']} | – | – | {train} | {size} |")
         for run in row["runs"]:
-            per_pos = ", ".join(_fmt(r) for r in run["acceptance_rate_per_position"])
-            lines.append(f"| {name} | {run['set']} | {run['temperature']:g} | {row['num_speculative_tokens']} | "
-                         f"{_fmt(run['tau'], '.3f')} | {per_pos} | {_fmt(run['output_tok_s'], '.1f')} | "
-                         f"{_fmt(run['speedup'], '.2f')}× | {train} | {size} |")
+            acc = run["acceptance"]
+            per_pos = ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"])
+            lines.append(f"| {name} | {row['best']['k']} | {run['set']} | {run['temperature']:g} | "
+                         f"{_fmt(acc['tau_pooled'], '.3f')} | {_fmt(acc.get('tokens_per_step'), '.3f')} | {per_pos} | "
+                         f"{_fmt(run['output_tok_s'], '.1f')} | {_fmt(run['speedup'], '.2f')}× | {train} | {size} |")
     return lines
+
+
+def _serving(results: dict) -> list[str]:
+    """The serving recipe: per concurrency, the best (method, draft length) of every one measured, the
+    best trained drafter against the best training-free method, said plainly when the latter wins."""
+    by = FIGURES[results["pick"]["by"]]
+    lines = ["## Serving recipe", "",
+             f"Per concurrency, every method at its best draft length, ranked by {by} (geometric mean over prompt "
+             "sets and temperatures for speed-ups). Tokens per target step count every step, so a training-free "
+             "method that drafts only where it finds a match compares fairly with a drafter that always drafts.", "",
+             "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
+             "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]
+    plain = []
+    for entry in results.get("serving", []):
+        best = entry["best"]
+        if best is None:
+            lines.append(f"| {entry['concurrency']} | nothing measured | – | – | – | – | – | – | – |")
+            continue
+        runner = entry.get("runner_up")
+        margin = f"{entry['margin']:+.1%} over {DISPLAY_NAME[runner['method']]} k={runner['k']}" if runner else "–"
+        trained, free = entry["best_trained"], entry["best_training_free"]
+        bought = entry.get("training_bought")
+        lines.append(f"| {entry['concurrency']} | {DISPLAY_NAME[best['method']]} | {best['k']} | "
+                     f"{_fmt(best['speedup'], '.2f')}× | {_fmt(best['tokens_per_step'], '.3f')} | {margin} | "
+                     f"{_cell_name(trained)} | {_cell_name(free)} | "
+                     f"{'–' if bought is None else f'{bought:+.1%}'} |")
+        if entry["training_free_wins"]:
+            plain.append(f"**At concurrency {entry['concurrency']}, {DISPLAY_NAME[free['method']]} (training-free, "
+                         f"k={free['k']}) beats every trained drafter**: {by} {free['score']:.3f} against "
+                         f"{trained['score']:.3f} for {DISPLAY_NAME[trained['method']]} k={trained['k']}.")
+    return lines + [line for sentence in plain for line in ("", sentence)]
+
+
+def _cell_name(cell: dict | None) -> str:
+    if not cell:
+        return "–"
+    return (f"{DISPLAY_NAME[cell['method']]} k={cell['k']}: {_fmt(cell['speedup'], '.2f')}×, "
+            f"{_fmt(cell['tokens_per_step'], '.3f')} tok/step")
 
 
 def _minutes(seconds: float | None) -> str:
@@ -162,23 +257,25 @@ def _compute(choice: dict | None) -> str:
 
 
 def _evaluation(results: dict) -> list[str]:
+    methods = ", ".join(f"{DISPLAY_NAME[m]} ({'trained' if e.get('trained') else 'training-free'}"
+                        + (f", not measured: {e.get('not_served') or e.get('failed')}" if not e.get("cells") else "")
+                        + ")" for m, e in results["methods"].items())
     lines = [
-        f"Target: `{results['target']}` · engine {results['engine']} · {results['num_speculative_tokens']} "
-        f"speculative tokens · max_tokens {results['max_tokens']} · concurrency {results['concurrency']} · "
-        "drafters: " + ", ".join(f"{k} `{v}`" for k, v in results["drafters"].items())
+        f"Target: `{results['target']}` · engine {results['engine']} · max_tokens {results['max_tokens']} · "
+        f"concurrency {', '.join(map(str, results['concurrency']))} · methods: {methods}"
         + _compute(results.get("compute")), "",
-        "τ is the **pooled** mean acceptance length, 1 + accepted draft tokens / drafts over every draft "
-        f"of the set, from the {family_name(results)} server's `/metrics` counter deltas.", "",
-        "| prompt set | T | prompts | drafter | τ (pooled) | acceptance by position | baseline tok/s | "
-        "drafter tok/s | speed-up |", "|---|---:|---:|---|---:|---|---:|---:|---:|"]
-    for run in results["runs"]:
-        for label, measured in run["drafters"].items():
-            acc = measured["acceptance"]
-            per_pos = ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"])
-            base = _fmt(run["baseline"]["output_tok_s"], ".1f")
-            lines.append(f"| {run['set']} | {run['temperature']:g} | {run['prompts']} | {label} | "
-                         f"{_fmt(acc['tau_pooled'], '.3f')} | {per_pos} | {base} | "
-                         f"{_fmt(measured['output_tok_s'], '.1f')} | {_fmt(measured['speedup'], '.2f')}× |")
+        "τ is the **pooled** mean acceptance length per draft, 1 + accepted draft tokens / drafts, from the server's "
+        "`/metrics` counter deltas; tokens / step is output tokens over target steps (all of them). Each method's "
+        "speed-ups divide by the target alone measured in the same job, at the same concurrency.", "",
+        "| method | draft tokens | concurrency | prompt set | T | prompts | τ (pooled) | tokens / step | "
+        "acceptance by position | baseline tok/s | tok/s | speed-up |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for row in evaluation_rows(results):
+        lines.append(f"| {row['method']} | {row['draft_tokens']} | {row['concurrency']} | {row['prompt_set']} | "
+                     f"{row['temperature']:g} | {row['prompts']} | {_fmt(row['tau_pooled'], '.3f')} | "
+                     f"{_fmt(row['tokens_per_step'], '.3f')} | {row['acceptance_by_position']} | "
+                     f"{_fmt(row['baseline_tok_s'], '.1f')} | {_fmt(row['tok_s'], '.1f')} | "
+                     f"{_fmt(row['speedup'], '.2f')}× |")
     return lines
 
 
@@ -287,44 +384,66 @@ def _with_plot(section: list[str], image: str) -> list[str]:
     return [*section, "", image, ""] if section else []
 
 
-def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_plot_name: str) -> str:
-    lines = ["# draftsmith report", "", *_evaluation(inputs.results), "",
-             f"![acceptance and throughput]({plot_name})", "", *_with_plot(_families(inputs.results),
-                                                                         f"![drafter families]({families_plot_name})"),
+def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_plot_name: str,
+             speedup_map_name: str) -> str:
+    lines = ["# draftsmith report", "", *_serving(inputs.results), "",
+             f"![speed-up map]({speedup_map_name})", "", *_evaluation(inputs.results), "",
+             f"![acceptance and tokens per step]({plot_name})", "",
+             *_with_plot(_families(inputs.results), f"![drafter families]({families_plot_name})"),
              *_training(inputs.training, inputs.vocab, inputs.gate), "", f"![training]({training_plot_name})", "",
              *_data(inputs.prompts, inputs.merge), "", *_generation(inputs.generation), ""]
     if not inputs.results.get("on_accelerator"):
-        lines += ["Measured on a CPU: there the figure of merit is τ, as drafting costs about as much as the "
-                  "target's own step and no speed-up is expected; speed-up needs a GPU.", ""]
+        lines += ["Measured on a CPU: there the figure of merit is τ (tokens per target step), as drafting costs "
+                  "about as much as the target's own step and no speed-up is expected; the speed-ups that matter "
+                  "come from your GPUs.", ""]
     return "\n".join(lines)
 
 
 def evaluation_rows(results: dict) -> list[dict]:
-    """The evaluation table, one row per prompt set, temperature and drafter (for Snakemake's report)."""
+    """The evaluation table, one row per method, draft length, concurrency, prompt set, temperature and
+    drafter (a warm start's pretrained drafter beside the trained one), for Snakemake's report too."""
     rows = []
-    for run in results["runs"]:
-        for label, measured in run["drafters"].items():
-            acc = measured["acceptance"]
-            rows.append({"prompt_set": run["set"], "temperature": run["temperature"], "prompts": run["prompts"],
-                         "drafter": label, "tau_pooled": acc["tau_pooled"],
-                         "acceptance_by_position": " ".join(f"{r:.3f}" for r in acc["acceptance_rate_per_position"]),
-                         "baseline_tok_s": run["baseline"]["output_tok_s"], "drafter_tok_s": measured["output_tok_s"],
-                         "speedup": measured["speedup"]})
+    for method, evaluation in results["methods"].items():
+        for cell in evaluation.get("cells", []):
+            name = DISPLAY_NAME[method] + ("" if cell["drafter"] in ("finetuned", method) else f" ({cell['drafter']})")
+            for run in cell["runs"]:
+                acc = run["acceptance"]
+                rows.append({"method": name, "draft_tokens": cell["k"], "concurrency": cell["concurrency"],
+                             "prompt_set": run["set"], "temperature": run["temperature"], "prompts": run["prompts"],
+                             "tau_pooled": acc["tau_pooled"], "tokens_per_step": acc.get("tokens_per_step"),
+                             "acceptance_by_position": ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"]),
+                             "baseline_tok_s": run["baseline_tok_s"], "tok_s": run["output_tok_s"],
+                             "speedup": run["speedup"]})
     return rows
 
 
 def write_report(inputs: Inputs, md_out: Path, png_out: Path, training_png_out: Path, families_png_out: Path,
-                 tsv_out: Path) -> None:
+                 speedup_map_out: Path, tsv_out: Path) -> None:
     import csv
     import io
 
     rows = evaluation_rows(inputs.results)
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["prompt_set"], delimiter="\t")
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]) if rows else ["method"], delimiter="\t")
     writer.writeheader()
     writer.writerows(rows)
     write_text(tsv_out, buffer.getvalue())
     plot(inputs.results, png_out)
+    plot_speedup_map(inputs.results, speedup_map_out)
     plot_training(inputs.training, training_png_out)
     plot_families(inputs.results, families_png_out)
-    write_text(md_out, markdown(inputs, png_out.name, training_png_out.name, families_png_out.name))
+    write_text(md_out, markdown(inputs, png_out.name, training_png_out.name, families_png_out.name,
+                                speedup_map_out.name))
+
+
+def training_free_markdown(evaluations: dict[str, dict], serving: list[dict], pick_by: str) -> str:
+    """The training-free methods alone: per concurrency their best setting, and every cell measured."""
+    first = next(iter(evaluations.values()))
+    results = {"methods": evaluations, "serving": serving, "pick": {"by": pick_by}, "target": first["target"],
+               "engine": first["engine"], "max_tokens": first["max_tokens"], "concurrency": first["concurrency"],
+               "compute": first.get("compute")}
+    lines = ["# Training-free speculation on this target", "",
+             "No hidden states and no training: vLLM's own speculation from the prompt and the answer so far, "
+             "measured against the target alone in the same window. A trained drafter has to beat these.", "",
+             *_serving(results), "", *_evaluation(results), ""]
+    return "\n".join(lines)

@@ -64,12 +64,12 @@ class Mend:
     replacement: Callable
 
 
+DFLASH_KEYS = "DFlash context keys normalised per layer (as vllm#56431 for XPU)"
 MENDS = (
     Mend("speculative sampling reads each request's temperature (vllm#55005)", "vllm.v1.sample.rejection_sampler",
          None, "expand_batch_to_tokens", "apply_sampling_constraints", expand_batch_to_tokens),
-    Mend("DFlash context keys normalised per layer (as vllm#56431 for XPU)", "vllm.model_executor.models.qwen3_dflash",
-         "DFlashQwen3Model", "_normalize_context_k", "DFlashQwen3Model.precompute_and_store_context_kv",
-         normalize_context_k),
+    Mend(DFLASH_KEYS, "vllm.model_executor.models.qwen3_dflash", "DFlashQwen3Model", "_normalize_context_k",
+         "DFlashQwen3Model.precompute_and_store_context_kv", normalize_context_k),
 )
 
 
@@ -98,6 +98,18 @@ def why_not(mend: Mend) -> str | None:
 def unmended() -> dict[str, str]:
     """The mends the installed vLLM does not take, by name, with why (on a CPU: their faults are served)."""
     return {mend.name: reason for mend in MENDS if (reason := why_not(mend))}
+
+
+def unserved_here(family: str, drafter_config: dict, on_gpus: bool) -> str | None:
+    """Why vLLM's CPU build would serve this drafter wrong here, or None: a DFlash drafter of more than one
+    layer needs :func:`normalize_context_k`, which a vLLM that moved or inlined the code no longer takes.
+    Its greedy answers would still be the target's (verification sees to that), so only this check can
+    tell."""
+    if on_gpus or family != "dflash" or drafter_config["transformer_layer_config"]["num_hidden_layers"] < 2:
+        return None
+    reason = unmended().get(DFLASH_KEYS)
+    return reason and (f"vLLM's CPU build normalises every DFlash layer's context keys with layer 0's weight, and "
+                       f"draftsmith's mend does not act on the installed vLLM ({reason}): not served here")
 
 
 def register() -> None:

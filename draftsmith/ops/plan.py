@@ -125,6 +125,70 @@ def measured_throughput(results: Path, configured: dict, trained: list[str] = (f
     return Throughput(found.get("generation_tok_s"), found.get("extraction_tok_s"), training, sources)
 
 
+@dataclass
+class GridPlan:
+    """The evaluation grid before work: every method's job measures the target alone and each of its cells
+    (draft length x drafter) on a server of its own, at every concurrency, prompt set and temperature."""
+
+    cells: int  # (method, draft length, concurrency) triples measured
+    servers: int  # server starts, the targets-alone of each method's window included
+    tokens: float  # output tokens expected over every measured request
+    rate: float | None  # output tok/s of the target serving alone
+    rate_source: str
+    start_s: float | None  # seconds a server takes to start
+    start_source: str
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.rate is None or self.start_s is None else self.servers * self.start_s + \
+            self.tokens / self.rate
+
+
+def grid_plan(config: dict, sets: dict[str, tuple[int, int]], results: Path, throughput: Throughput) -> GridPlan:
+    """``sets``: each evaluation set's (prompts, turns). A block family drafts one length (its block);
+    EAGLE-3 and the training-free methods each of ``evaluation.num_speculative_tokens``; a warm start's
+    pretrained drafter is measured beside EAGLE-3's. Rates and start-up times come from an earlier run's
+    evaluations where there are any (output tokens over wall time, the servers' own start-up), else
+    generation's throughput and ``plan.server_start_s``."""
+    ev = config["evaluation"]
+    ks = len(ev["num_speculative_tokens"])
+    per_method = {f: (ks * (2 if config["train"]["from_pretrained"] else 1) if f == families.DEFAULT_FAMILY else 1)
+                  for f in config["train"]["families"]} | dict.fromkeys(ev["training_free"], ks)
+    points = len(ev["concurrency"]) * len(ev["temperatures"])
+    turns = sum(t for _, t in sets.values()) + len(sets)  # a warm-up request per set
+    cells = sum(per_method.values()) * len(ev["concurrency"])
+    servers = sum(per_method.values()) + len(per_method)
+    tokens = servers * points * turns * ev["max_tokens"] * config["plan"]["completion_fraction"]
+    measured = [json.loads(p.read_text()) for p in sorted((results / "evaluation").glob("*.json"))
+                if p.stem in per_method]
+    runs = [run for m in measured for part in (*m.get("baseline", []), *m.get("cells", [])) for run in part["runs"]]
+    starts = [s for m in measured for s in m.get("server_start_s", [])]
+    rate, rate_source = throughput.generation_tok_s, throughput.sources.get("generation_tok_s", "unknown")
+    if runs and sum(r["wall_s"] for r in runs):
+        rate, rate_source = sum(r["output_tokens"] for r in runs) / sum(r["wall_s"] for r in runs), \
+            "measured (earlier evaluations)"
+    start_s, start_source = config["plan"]["server_start_s"], "plan.server_start_s"
+    if starts:
+        start_s, start_source = statistics.fmean(starts), "measured (earlier evaluations)"
+    return GridPlan(cells, servers, tokens, rate, rate_source, start_s, start_source)
+
+
+def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
+    """The grid's size and time, named when it would take longer than the training."""
+    start = f"{grid.start_s:.0f} s each ({grid.start_source})" if grid.start_s is not None else \
+        "start-up unknown: set plan.server_start_s"
+    rate = f"{grid.rate:,.0f} tok/s ({grid.rate_source})" if grid.rate else "throughput unknown"
+    lines = ["", "## Evaluation grid", "",
+             f"{grid.cells} cells (method x draft tokens x concurrency), {grid.servers} server starts ({start}), "
+             f"~{grid.tokens:,.0f} output tokens at {rate}: "
+             + ("time unknown." if grid.seconds is None else f"**{grid.seconds / 3600:.1f} h**.")]
+    if grid.seconds is not None and training_s and grid.seconds > training_s:
+        lines.append(f"- **The evaluation grid would take longer than the training ({training_s / 3600:.1f} h)**: "
+                     "fewer concurrencies or draft lengths (evaluation.concurrency, num_speculative_tokens), fewer "
+                     "evaluation prompts or temperatures, or a smaller max_tokens.")
+    return lines
+
+
 def drafter_parameters(family: str, facts: Facts, layers: int, draft_vocab: int) -> int:
     """About how many parameters the drafter holds on the serving GPU beside the target (the target's
     embedding is shared): its decoder layers at the target's width (an EAGLE-3 layer's q, k and v read
@@ -171,8 +235,11 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
                  "sequence tokens x epochs", throughput.training_tok_s.get(family), f"training_tok_s.{family}",
                  train["gpus"] + (config["server"]["gpus"] if hs_cfg["mode"] == "online" else 0))
                 for family in train["families"])]
+    training_s = 0.0
     for name, work, unit, rate, key, gpus in stages:
         hours = work / rate / 3600 if rate else None
+        if name.startswith("train "):
+            training_s = training_s + hours * 3600 if hours is not None and training_s is not None else None
         money = f"{hours * gpus * cost:,.0f}" if hours is not None and cost and gpus else "–"
         source = throughput.sources.get(key, "set plan.throughput." + key.split(".")[0])
         lines.append(f"| {name} | {work:,.0f} {unit} | {f'{rate:,.0f} tok/s' if rate else 'unknown'} ({source}) | "
@@ -196,7 +263,7 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
                      f"(about {rows * 0.95 * free_bytes / need:,.0f} fit).")
     plan = {"completion_tokens": completion, "sequence_tokens": sequence, "rows": rows,
             "storage": storage, "hidden_state_bytes": layouts, "fp8_bytes": in_fp8, "needed_bytes": need,
-            "free_bytes": free_bytes, "fits": fits,
+            "free_bytes": free_bytes, "fits": fits, "training_s": training_s,
             "datasets": {p.name: p.__dict__ for p in plans}}
     return "\n".join(lines) + "\n", plan
 

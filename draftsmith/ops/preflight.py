@@ -13,6 +13,7 @@ from pathlib import Path
 
 from draftsmith.config.layers import aux_layer_problem, default_aux_layers
 from draftsmith.config.target import Facts, Target
+from draftsmith.evaluation import methods
 from draftsmith.ops import devices
 from draftsmith.training import families, probe
 
@@ -24,7 +25,8 @@ class PreflightError(ValueError):
 
 
 def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> list[str]:
-    found = [*_files(config, target, base_dir), *_secrets(config), *_lengths(config), *_gpus(config)]
+    found = [*_files(config, target, base_dir), *_secrets(config), *_lengths(config), *_gpus(config),
+             *_evaluation(config)]
     if facts is not None:
         found += _against_target(config, facts)
     return found
@@ -135,6 +137,25 @@ def _lengths(config: dict) -> list[str]:
                          "the extra norms of the speculators architecture (or set export.sglang: false)")
         if train["num_layers"] != 1:
             found.append(f"export.sglang needs train.num_layers 1 (got {train['num_layers']}), or export.sglang: false")
+    return found
+
+
+def _evaluation(config: dict) -> list[str]:
+    """A grid that cannot be measured as asked: the pick's concurrency not in it, a training-free method
+    the engine or the installed packages cannot serve."""
+    ev, found = config["evaluation"], []
+    if ev["pick_at"] is not None and ev["pick_at"] not in ev["concurrency"]:
+        found.append(f"evaluation.pick_at {ev['pick_at']} is not one of evaluation.concurrency {ev['concurrency']}: "
+                     "the pick needs measurements there")
+    if ev["training_free"] and ev["engine"] == "sglang":
+        found.append(f"evaluation.training_free {ev['training_free']} is measured with vLLM's own methods; "
+                     "evaluation.engine is sglang (set training_free: [] or engine: vllm)")
+    found += [f"evaluation.training_free: {why}" for method in ev["training_free"]
+              if (why := methods.unavailable(method))]
+    ngram = ev["ngram"]
+    if ngram["prompt_lookup_min"] > ngram["prompt_lookup_max"]:
+        found.append(f"evaluation.ngram.prompt_lookup_min ({ngram['prompt_lookup_min']}) is above prompt_lookup_max "
+                     f"({ngram['prompt_lookup_max']})")
     return found
 
 

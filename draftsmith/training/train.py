@@ -85,8 +85,9 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     """speculators' training arguments, and draftsmith's own flags (removed before its parser sees
     them): ``loss_implementation`` and ``compile_`` as :func:`draftsmith.training.probe.choose` decided on
     ``device`` (the trainer's: ``cuda`` or ``cpu``), and the draft attention that follows from both
-    (:func:`draftsmith.core.platform.draft_attention`). ``cfg`` is one family's settings (:func:`draftsmith.training.families.settings`); a block family
-    needs its ``mask_token_id`` (:func:`choose_mask_token`)."""
+    (:func:`draftsmith.core.platform.draft_attention`). ``cfg`` is one family's settings
+    (:func:`draftsmith.training.families.settings`); a block family needs its ``mask_token_id``
+    (:func:`choose_mask_token`)."""
     family = cfg.get("family", families.DEFAULT_FAMILY)
     args: dict = {
         "hidden-states-dtype": dtype,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -80,18 +81,29 @@ def test_drafter_has_the_tensors_vllm_needs(workdir):
 def test_report_holds_tau_read_from_the_servers_counters(workdir):
     report = json.loads((workdir / "results" / "evaluation" / "results.json").read_text())
     assert [(r["set"], r["temperature"]) for r in report["runs"]] == [("everyday", 0.0), ("everyday", 1.0)]
-    acc = report["runs"][0]["drafters"]["finetuned"]["acceptance"]
+    assert (report["pick"]["at"], report["pick"]["k"]) == (2, 3)
+    acc = report["runs"][0]["acceptance"]
     # vLLM loaded the drafter and drafted: the counters moved.
     assert acc["drafts"] > 0 and acc["draft_tokens"] == 3 * acc["drafts"]
     assert acc["tau_pooled"] == pytest.approx(1 + acc["accepted_tokens"] / acc["drafts"])
-    assert len(acc["acceptance_rate_per_position"]) == 3
-    assert report["runs"][0]["baseline"]["output_tokens"] > 0
+    assert 1.0 <= acc["tokens_per_step"] <= acc["tau_pooled"] and len(acc["acceptance_rate_per_position"]) == 3
+    assert report["runs"][0]["baseline_tok_s"] > 0 and report["runs"][0]["speedup"] > 0
+    # n-gram measured beside it on the same grid, each against the target alone of its own window.
+    ngram = report["methods"]["ngram"]
+    assert [(c["k"], c["concurrency"]) for c in ngram["cells"]] == [(3, 2)] and len(ngram["server_start_s"]) == 2
+    assert ngram["cells"][0]["runs"][0]["acceptance"]["tokens_per_step"] >= 1.0
+    assert [e["concurrency"] for e in report["serving"]] == [2] and report["serving"][0]["best"]
+    # The windows of the measurements never overlap: one measurement at a time.
+    windows = sorted(e["window"] for e in report["methods"].values())
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows)), windows
     # The T=1 run's drafts were verified against the tempered target: vLLM's worker took the fix.
-    worker_lines = (workdir / "logs" / "evaluate" / "eagle3.finetuned.server.log").read_text().splitlines()
-    assert any("VllmWorker" in line and "fix for vllm#55005" in line for line in worker_lines)
+    worker_lines = (workdir / "logs" / "evaluate" / "eagle3.finetuned.k3.server.log").read_text().splitlines()
+    assert any("VllmWorker" in line and "applied on this CPU" in line and "vllm#55005" in line for line in worker_lines)
     md = (workdir / "results" / "report" / "report.md").read_text()
     assert f"{acc['tau_pooled']:.3f}" in md and "pooled" in md
     assert (workdir / "results" / "report" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    assert (workdir / "results" / "report" / "speedup_map.png").read_bytes()[:4] == b"\x89PNG"
+    assert "## Serving recipe" in md and "| 2 |" in md
     training = json.loads((workdir / "results" / "train" / "eagle3" / "training.json").read_text())
     assert training["validation"] and "full_acc_0_epoch" in training["validation"][0]
     times = [e["train_s"] for e in training["validation"]]  # time to quality, per epoch
@@ -211,6 +223,7 @@ def test_changing_one_dataset_reruns_only_that_dataset(workdir, tmp_path):
     assert {("generate", "humaneval"), ("tokenize", "humaneval"), ("hidden_states", "humaneval"),
             ("train", "eagle3"), ("export", "eagle3"), ("evaluate", "eagle3"), ("pick", "")} <= jobs
     assert not {j for j in jobs if j[1] == "everyday"}, jobs
+    assert ("evaluate", "ngram") not in jobs  # training-free speculation depends on no training data
     assert ("prepare_target", "") not in jobs
 
 
@@ -264,7 +277,8 @@ def test_snakemakes_own_report_holds_the_plots_and_the_card(workdir, tmp_path):
     proc = snakemake(workdir, "--report", str(tmp_path / "report.zip"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     names = zipfile.ZipFile(tmp_path / "report.zip").namelist()
-    for item in ("acceptance.png", "training.png", "families.png", "evaluation.tsv", "README.md", "report.html"):
+    for item in ("acceptance.png", "speedup_map.png", "training.png", "families.png", "evaluation.tsv", "README.md",
+                 "report.html"):
         assert any(n.endswith(item) for n in names), (item, names)
     card = (workdir / "results" / "drafter" / "README.md").read_text()
     assert card.startswith("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct") and "vllm serve" in card
@@ -276,13 +290,14 @@ def greedy_completions(work, prompts, drafter=None) -> list[str]:
 
     from draftsmith.config.load import load_layers, validate_config
     from draftsmith.config.target import Target, resolve
-    from draftsmith.evaluation.evaluate import server_spec
+    from draftsmith.evaluation.evaluate import drafted_per_step, server_spec
     from draftsmith.generation.server import managed_server
 
     config = validate_config(load_layers([CONFIG], {}))
     prepared = resolve(config["target"], REPO)
     target = Target(prepared.name, str(work / prepared.model), "folder")
-    spec = server_spec("vllm", target, config["server"], drafter and str(drafter), 3)
+    method, k = drafted_per_step(str(drafter), 3) if drafter else (None, 0)
+    spec = server_spec("vllm", target, config["server"], method, k, drafter and str(drafter))
     log = work / "logs" / f"greedy.{drafter.name if drafter else 'target'}.server.log"
     with managed_server(spec, log) as server:
         return [httpx.post(f"{server.base_url}/completions", timeout=600, json={
@@ -306,7 +321,7 @@ def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagl
     jobs = planned_jobs(proc.stdout)
     assert {(rule, family) for rule in ("train", "export", "evaluate") for family in ("dflash", "dspark")} | \
         {("pick", "")} <= jobs
-    assert not {j for j in jobs if j[1] == "eagle3" or j[0] in ("evaluate_baseline", "hidden_states", "vocab")}, jobs
+    assert not {j for j in jobs if j[1] in ("eagle3", "ngram") or j[0] in ("hidden_states", "vocab")}, jobs
     proc = snakemake(work, config=added)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((work / "results" / "evaluation" / "results.json").read_text())
@@ -317,9 +332,14 @@ def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagl
     dspark = json.loads((work / "results" / "drafters" / "dspark" / "config.json").read_text())
     assert dspark["speculators_model_type"] == "dspark" and dspark["block_size"] == 4  # trained and exported
     assert json.loads((work / "results" / "drafters" / "dspark" / "gate.json").read_text())["served"] is False
-    assert rows["dflash"]["num_speculative_tokens"] == 3 and rows["dflash"]["drafter_bytes"] > 0  # block 4 - anchor
+    assert rows["dflash"]["draft_lengths"] == [3] and rows["dflash"]["drafter_bytes"] > 0  # block 4 - anchor
     dflash = json.loads((work / "results" / "evaluation" / "dflash.json").read_text())
-    assert dflash["runs"][0]["drafters"]["finetuned"]["acceptance"]["drafts"] > 0  # vLLM drafted with it
+    assert dflash["cells"][0]["runs"][0]["acceptance"]["drafts"] > 0  # vLLM drafted with it
+    # DFlash's measurement did not share the machine with DSpark's training (nothing kept them apart before).
+    measured = dflash["window"]
+    for family in ("dflash", "dspark"):
+        trained = json.loads((work / "results" / "train" / family / "training.json").read_text())["window"]
+        assert trained[1] <= measured[0] or measured[1] <= trained[0], (family, trained, measured)
     assert results["pick"]["family"] in rows and results["family"] == results["pick"]["family"]
     exported = json.loads((work / "results" / "drafter" / "config.json").read_text())
     assert exported.get("speculators_model_type", "eagle3") == results["family"]
@@ -332,7 +352,7 @@ def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagl
     card = (work / "results" / "drafter" / "README.md").read_text()
     assert "## Why this family" in card
     # vLLM's workers took the per-layer norm fix, and the DFlash drafter changes no greedy token.
-    worker_lines = (work / "logs" / "evaluate" / "dflash.finetuned.server.log").read_text().splitlines()
+    worker_lines = (work / "logs" / "evaluate" / "dflash.finetuned.k3.server.log").read_text().splitlines()
     assert any("VllmWorker" in line and "normalised per layer" in line for line in worker_lines)
     prompts = ["The capital of France is", "def fibonacci(n):", "Three tips for sleeping well:"]
     assert greedy_completions(work, prompts, work / "results" / "drafters" / "dflash") == \

@@ -1,0 +1,81 @@
+"""The serving methods the evaluation measures side by side: the drafter families this run trains, and
+training-free speculation that needs no data run at all.
+
+- **Trained** (:mod:`draftsmith.training.families`): EAGLE-3 drafts a chain of ``k`` tokens, each ``k``
+  of ``evaluation.num_speculative_tokens`` a cell of its own; a DFlash or DSpark drafter drafts its
+  trained block (its length is fixed at training).
+- **Training-free** (``evaluation.training_free``): vLLM's n-gram prompt lookup (``ngram``: a draft where
+  the last tokens occurred before in the prompt or the answer) and suffix decoding (``suffix``: a
+  suffix tree of the prompt, the answer and earlier answers, from the ``arctic-inference`` package),
+  at the same draft lengths as EAGLE-3. Their τ is tokens per target step over all steps: they
+  propose only where a match is found, so a step without a draft counts as 1.
+
+One owner of which method is which, what vLLM is told to serve it, and whether it can be served here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from draftsmith.training import families
+
+TRAINING_FREE = ("ngram", "suffix")
+DISPLAY_NAME = {**families.DISPLAY_NAME, "ngram": "n-gram", "suffix": "suffix decoding"}
+# arctic-inference 0.3.0 builds its suffix tree (C++) at install; vLLM 0.32 imports it for method "suffix"
+# and checks no version. Its own vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED is set (it
+# targets vLLM 0.26 on CUDA): leave that unset.
+SUFFIX_PACKAGE = "arctic_inference"
+SUFFIX_PIN = "arctic-inference==0.3.0"
+
+
+def is_trained(method: str) -> bool:
+    return method in families.VLLM_METHOD
+
+
+def draft_lengths(method: str, evaluation: dict, drafter_config: dict | None = None) -> list[int]:
+    """The draft lengths ``method`` is measured at: EAGLE-3's and a training-free method's are
+    ``evaluation.num_speculative_tokens``; a block family drafts its trained block (``drafter_config``,
+    the exported config.json)."""
+    if method == families.DEFAULT_FAMILY or not is_trained(method):
+        return list(evaluation["num_speculative_tokens"])
+    return [families.num_speculative_tokens(method, drafter_config, 0)]
+
+
+def speculative_config(method: str, k: int, evaluation: dict, drafter: str | None = None) -> dict:
+    """vLLM's ``--speculative-config`` for ``method`` drafting ``k`` tokens per step (a trained method's
+    folder in ``drafter``)."""
+    if is_trained(method):
+        return {"method": families.VLLM_METHOD[method], "model": drafter, "num_speculative_tokens": k}
+    if method == "ngram":
+        ngram = evaluation["ngram"]
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": ngram["prompt_lookup_min"],
+                "prompt_lookup_max": ngram["prompt_lookup_max"]}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    raise ValueError(f"unknown serving method {method!r}")
+
+
+def not_measured(method: str, on_gpus: bool, gate: dict | None) -> dict:
+    """Why a trained family is not measured (``{"not_served": why}`` where the engine here cannot serve it,
+    ``{"failed": verdict}`` where its export or gate failed), or ``{}``. A failed family is left out of
+    the pick with its reason; the others' pick stands."""
+    if not is_trained(method):
+        return {}
+    unserved = families.not_served_here(method, on_gpus=on_gpus)
+    if unserved:
+        return {"not_served": unserved}
+    if gate and gate.get("passed") is False:
+        return {"failed": gate["verdict"]}
+    if gate and gate.get("served") is False:  # the export found the engine here would serve it wrong
+        return {"not_served": gate["verdict"]}
+    return {}
+
+
+def unavailable(method: str) -> str | None:
+    """Why ``method`` cannot be served with the installed packages, or None (said before any work)."""
+    if method == "suffix" and importlib.util.find_spec(SUFFIX_PACKAGE) is None:
+        return (f"suffix decoding needs the {SUFFIX_PACKAGE} package, which this environment lacks (vLLM 0.32 "
+                f"fails with 'Arctic Inference is required for suffix decoding'): install {SUFFIX_PIN} "
+                "(envs/requirements-*.txt pin it; it compiles a small C++ extension at install), and leave "
+                "ARCTIC_INFERENCE_ENABLED unset")
+    return None
