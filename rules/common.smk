@@ -14,7 +14,7 @@ from draftsmith.config.load import (
     validate_config,
 )
 from draftsmith.core.digest import json_digest
-from draftsmith.ops import preflight
+from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
 from draftsmith.training import families as drafter_families
 
@@ -168,6 +168,10 @@ def generation_gpus():
 
 
 PREFLIGHT = "results/checks/preflight.json"
+ENGINE_CHECK = "results/checks/engine.json"
+# Before the first expensive job: the config against the target, and the engine serving the target with a
+# drafter of each family (ancient: a rerun of either reruns nothing downstream).
+CHECKS = [ancient(PREFLIGHT), ancient(ENGINE_CHECK)]
 WARM_START = config["train"]["from_pretrained"] is not None
 ONLINE = config["hidden_states"]["mode"] == "online"
 PRETRAINED = "results/pretrained"

@@ -3,7 +3,7 @@ rule generate:
     input:
         model=target_input,
         prompts="results/prompts/{generated}.jsonl",
-        preflight=ancient(PREFLIGHT),
+        checks=CHECKS,
     output:
         responses="results/responses/{generated}.jsonl",
         stats="results/responses/{generated}.stats.json",

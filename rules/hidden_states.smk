@@ -5,7 +5,7 @@ rule hidden_states:
         model=target_input,
         table="results/tokenized/{dataset}.parquet",
         pretrained=pretrained_input,
-        preflight=ancient(PREFLIGHT),
+        checks=CHECKS,
     output:
         manifest="results/hidden_states/{dataset}/manifest.json",
     log:

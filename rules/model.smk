@@ -36,3 +36,29 @@ rule preflight:
         runtime=10,
     script:
         "../scripts/preflight.py"
+
+
+rule engine_check:
+    """vLLM started on a weightless twin of the target (the same attention and cache shapes, four layers,
+    a few experts) with a random drafter of each family: a pair the engine cannot serve fails here, in
+    seconds for any target size, not at the export gate after training (server.engine_check: false skips it).
+    """
+    input:
+        model=target_input,
+        preflight=ancient(PREFLIGHT),
+    output:
+        ENGINE_CHECK,
+    log:
+        "logs/engine_check.log",
+    threads: config["server"]["threads"]
+    resources:
+        gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
+        mem_mb=config["server"]["mem_mb"],
+        runtime=server_runtime(5 * len(FAMILIES), servers=len(FAMILIES)),
+    params:
+        families=FAMILIES,
+        shapes=engine_check.drafter_shapes(RESULT["train"]),
+        server=RESULT["server"],
+    script:
+        "../scripts/engine_check.py"

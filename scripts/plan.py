@@ -39,7 +39,8 @@ def main() -> None:
             for name, prompts in prompt_sets(cfg["evaluation"], base_dir(sm)).items()}
     grid = plan.grid_plan(cfg, sets, results, throughput)
     data["grid"] = {**grid.__dict__, "seconds": grid.seconds}
-    markdown += "\n".join(plan.grid_section(grid, data["training_s"]) + plan.drafters_section(facts, cfg, results)
+    markdown += "\n".join(plan.grid_section(grid, data["training_s"]) + plan.engine_check_section(cfg, results)
+                          + plan.drafters_section(facts, cfg, results)
                           + plan.measured_section(results, plans)) + "\n"
     write_json(sm.output.data, data)
     write_text(sm.output.markdown, markdown)

@@ -125,7 +125,8 @@ def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_traini
     assert grid.tokens == grid.servers * 3 * 2 * (80 + 1) * 1024 * 0.5  # a warm-up per server and set
     assert grid.seconds == pytest.approx(10 * 2400 + grid.tokens / 6000)
     text = "\n".join(plan.grid_section(grid, training_s=3 * 3600))
-    assert "21 cells (method x draft tokens x concurrency), 10 server starts (2400 s each (plan.server_start_s))" in text
+    assert "21 cells (method x draft tokens x concurrency), 10 server starts (2400 s each (plan.server_start_s))" \
+        in text
     assert "**The evaluation grid would take longer than the training (3.0 h)**" in text
     assert "longer than the training" not in "\n".join(plan.grid_section(grid, training_s=100 * 3600))
     # An earlier run's evaluations measure both the pace and the start-up.
@@ -135,3 +136,16 @@ def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_traini
         "baseline": [{"runs": [run]}], "cells": [{"runs": [run, run]}], "server_start_s": [30.0, 50.0]}))
     measured = plan.grid_plan(config, {"mt_bench": (80, 80)}, tmp_path / "results", throughput)
     assert (measured.rate, measured.start_s) == (100.0, 40.0) and "measured" in measured.rate_source
+
+
+def test_the_plan_says_what_the_engine_check_asks_and_what_it_found(tmp_path):
+    config = kimi_config(tmp_path)
+    text = "\n".join(plan.engine_check_section(config, tmp_path / "results"))
+    assert "weightless twin of the target" in text and "(eagle3)" in text
+    (tmp_path / "results" / "checks").mkdir(parents=True)
+    (tmp_path / "results" / "checks" / "engine.json").write_text(json.dumps({"eagle3": {
+        "served": False, "seconds": 72.1, "error": "ValueError: No common block size for 16"}}))
+    assert "| eagle3 | NO | 72 | ValueError: No common block size for 16 |" in "\n".join(
+        plan.engine_check_section(config, tmp_path / "results"))
+    config["server"]["engine_check"] = False
+    assert "Off (`server.engine_check: false`)" in "\n".join(plan.engine_check_section(config, tmp_path / "results"))

@@ -189,6 +189,26 @@ def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
     return lines
 
 
+def engine_check_section(config: dict, results: Path) -> list[str]:
+    """What the engine check asks before any work, and what it found where it has run."""
+    families_ = config["train"]["families"]
+    if not config["server"]["engine_check"]:
+        return ["", "## Engine check", "", "Off (`server.engine_check: false`): a target + drafter pair the engine "
+                "cannot serve is found at the export gate, after training."]
+    lines = ["", "## Engine check", "",
+             f"Before any work, vLLM starts on a weightless twin of the target (the same attention, cache and rope "
+             f"shapes, four layers, a few small experts) with a random drafter of each family ({', '.join(families_)}) "
+             "and drafts once: a pair it cannot serve fails there, naming the error (`results/checks/engine.json`)."]
+    found = results / "checks" / "engine.json"
+    if found.exists():
+        checked = json.loads(found.read_text())
+        lines += ["", "| family | served | seconds | note |", "|---|---|---:|---|"]
+        lines += [f"| {family} | {'yes' if r.get('served') else 'not started' if r.get('served') is None else 'NO'} | "
+                  f"{r.get('seconds', 0):.0f} | {r.get('skipped') or r.get('error') or ''} |"
+                  for family, r in checked.items() if isinstance(r, dict)]
+    return lines
+
+
 def drafter_parameters(family: str, facts: Facts, layers: int, draft_vocab: int) -> int:
     """About how many parameters the drafter holds on the serving GPU beside the target (the target's
     embedding is shared): its decoder layers at the target's width (an EAGLE-3 layer's q, k and v read

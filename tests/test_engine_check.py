@@ -1,0 +1,293 @@
+"""The engine check: a weightless twin of the target with its attention and cache shapes, a random drafter
+of each family, and vLLM's verdict on the pair before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from draftsmith.ops import engine_check as ec
+from tests.tiny_targets import build, config_of
+
+# What the engine pairs with a drafter's cache: attention and KV-cache geometry, rope, dtype, and the
+# keys that choose the model's code. The twin must keep each as the target has it.
+SHAPE_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "kv_lora_rank", "q_lora_rank",
+              "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim", "rope_parameters", "rope_scaling",
+              "rope_theta", "rope_interleave", "sliding_window", "use_sliding_window", "max_position_embeddings",
+              "torch_dtype", "dtype", "model_type", "architectures", "auto_map", "attention_bias", "rms_norm_eps",
+              "quantization_config", "tie_word_embeddings", "hidden_act", "scoring_func", "topk_method",
+              "routed_scaling_factor", "norm_topk_prob", "num_nextn_predict_layers")
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM"}
+
+
+def deepseek_v3_shaped(experts: int, heads: int, vocab: int) -> dict:
+    """A full-size DeepSeek-V3 / Kimi-K2 config.json as the hub has it (61 layers, 7168 wide, MLA, fp8)."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
+                     "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+        "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+        "num_attention_heads": heads, "num_key_value_heads": heads, "n_routed_experts": experts, "n_shared_experts": 1,
+        "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+        "num_nextn_predict_layers": 1, "rope_theta": 10000,
+        "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096},
+        "max_position_embeddings": 163840, "vocab_size": vocab, "torch_dtype": "bfloat16", "hidden_act": "silu",
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "routed_scaling_factor": 2.5, "bos_token_id": 0, "eos_token_id": 1,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]}}
+
+
+def parameters(config: dict) -> int:
+    """The parameters transformers builds for a DeepSeek-V3-family config (on the meta device: no memory)."""
+    import torch
+    import transformers
+
+    kept = {k: v for k, v in config.items() if k not in ("auto_map", "quantization_config", "model_type")}
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.DeepseekV3Config(**kept))
+    return sum(p.numel() for p in model.parameters())
+
+
+def assert_shapes_kept(config: dict, twin: dict) -> None:
+    assert set(config) <= set(twin)  # nothing dropped, unknown keys included
+    for key in SHAPE_KEYS:
+        if key in config:
+            assert twin[key] == config[key], key
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_a_tiny_targets_twin_keeps_its_attention_and_cache_shapes(arch):
+    config = {**config_of(arch).to_dict(), "architectures": [ARCHITECTURES[arch]]}
+    twin = ec.twin_config(config)
+    assert_shapes_kept(config, twin)
+    assert twin["num_hidden_layers"] == 4 and twin["vocab_size"] == 151936  # a small embedding: vocabulary kept
+    assert twin == config  # already the smallest twin: four layers, four experts, 64-256 wide MLPs
+
+
+@pytest.mark.parametrize("name, experts, heads, vocab", [("deepseek-v3", 256, 128, 129280),
+                                                          ("kimi-k2", 384, 128, 163840)])
+def test_a_1t_targets_twin_is_tiny_with_the_same_attention(name, experts, heads, vocab):
+    config = deepseek_v3_shaped(experts, heads, vocab)
+    twin = ec.twin_config(config)
+    assert_shapes_kept(config, twin)
+    assert twin["num_hidden_layers"] == 4 and twin["first_k_dense_replace"] == 1  # a dense and three MoE layers
+    assert twin["n_routed_experts"] == 4 and twin["num_experts_per_tok"] == 2
+    assert twin["n_group"] == twin["topk_group"] == 1  # 4 experts in 8 groups would not route
+    assert twin["intermediate_size"] == 256 and twin["moe_intermediate_size"] == 128  # whole fp8 128-blocks
+    assert twin["vocab_size"] == 18688 and twin["vocab_size"] * 7168 <= ec.VOCAB_PARAMS_BUDGET
+    full, small = parameters(config), parameters(twin)
+    assert full > 600e9  # the meta count is the real model's (671B for DeepSeek-V3)
+    assert small < 1.1e9, small  # ~2 GB in bf16: vLLM dummy-initialises it in seconds
+    # the four MLA layers are most of it: 128 heads of 7168-wide attention, as the target has
+    assert small > 4 * 128 * 128 * 7168
+
+
+def test_a_multimodal_target_changes_its_text_config_only():
+    text = deepseek_v3_shaped(384, 64, 163840)
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+              "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"}, "text_config": text,
+              "vision_config": {"num_hidden_layers": 27, "hidden_size": 1152}, "media_placeholder_token_id": 163605}
+    twin = ec.twin_config(config)
+    assert {k: v for k, v in twin.items() if k != "text_config"} == {k: v for k, v in config.items()
+                                                                      if k != "text_config"}
+    assert_shapes_kept(text, twin["text_config"])
+    assert twin["text_config"]["num_hidden_layers"] == 4 and twin["text_config"]["n_routed_experts"] == 4
+
+
+@pytest.mark.parametrize("kinds, expected", [
+    (["sliding_attention"] * 5 + ["full_attention"], {"sliding_attention", "full_attention"}),  # Gemma-3
+    (["linear_attention"] * 3 + ["full_attention"], {"linear_attention", "full_attention"}),  # Qwen3-Next
+    (["full_attention", "sliding_attention"], {"full_attention", "sliding_attention"}),  # gpt-oss
+])
+def test_a_hybrid_targets_twin_keeps_every_kind_of_layer(kinds, expected):
+    config = {"model_type": "x", "num_hidden_layers": 48, "layer_types": (kinds * 48)[:48],
+              "no_rope_layers": [i % 4 != 3 for i in range(48)], "mlp_only_layers": [0, 5, 40]}
+    twin = ec.twin_config(config)
+    picks = ec.picked_layers(config)
+    assert len(picks) == twin["num_hidden_layers"] == 4 and set(twin["layer_types"]) == expected
+    assert twin["layer_types"] == [config["layer_types"][i] for i in picks]
+    assert twin["no_rope_layers"] == [config["no_rope_layers"][i] for i in picks]
+    assert twin["mlp_only_layers"] == [picks.index(i) for i in (0, 5, 40) if i in picks]  # renumbered
+
+
+def test_a_sharded_server_gets_a_twin_each_shard_can_hold():
+    args = ["--tensor-parallel-size", "4", "--data-parallel-size=2", "--enable-expert-parallel"]
+    assert ec.parallel_shards(args) == 8 and ec.parallel_shards(["-tp", "8"]) == 8 and ec.parallel_shards([]) == 1
+    twin = ec.twin_config(deepseek_v3_shaped(384, 64, 163840), shards=8)
+    assert twin["n_routed_experts"] == 8 and twin["moe_intermediate_size"] == 8 * 128
+    assert twin["intermediate_size"] == 8 * 256
+
+
+def test_the_twin_folder_has_the_targets_files_but_no_weights(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(deepseek_v3_shaped(256, 128, 129280)))
+    for name in ("tokenizer.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja",
+                 "generation_config.json", "modeling_deepseek.py", "configuration_deepseek.py",
+                 "model-00001-of-00163.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        (target / name).write_text("x")
+    (target / "original").mkdir()
+    twin = ec.write_twin(target, tmp_path / "twin")
+    assert sorted(p.name for p in twin.iterdir()) == [
+        "chat_template.jinja", "config.json", "configuration_deepseek.py", "generation_config.json",
+        "modeling_deepseek.py", "tiktoken.model", "tokenizer.json", "tokenizer_config.json"]
+    assert json.loads((twin / "config.json").read_text())["num_hidden_layers"] == 4
+
+
+def tiny_twin(tmp_path):
+    """A twin of a small Qwen3 (1024 tokens, 64 wide): speculators builds drafters for it in a second."""
+    import transformers
+
+    target = tmp_path / "target"
+    target.mkdir()
+    config = transformers.Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    (target / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["Qwen3ForCausalLM"]}))
+    return ec.write_twin(target, tmp_path / "twin")
+
+
+def test_random_drafters_are_exported_as_training_exports_them(tmp_path):
+    twin = tiny_twin(tmp_path)
+    shapes = ec.drafter_shapes({"num_layers": 1, "draft_arch": "qwen3", "architecture": "eagle3", "fc_norm": False,
+                                "train_lm_head": False, "dflash": {"num_layers": 2, "block_size": 4}, "dspark": {}})
+    assert shapes["dflash"] == {"num_layers": 2, "block_size": 4} and shapes["dspark"] == {}
+    eagle3 = ec.random_drafter(twin, "eagle3", tmp_path / "eagle3", **ec.drafter_kwargs("eagle3", shapes["eagle3"]))
+    dflash = ec.random_drafter(twin, "dflash", tmp_path / "dflash", **ec.drafter_kwargs("dflash", shapes["dflash"]))
+    for drafter, family in ((eagle3, "eagle3"), (dflash, "dflash")):
+        config = json.loads((drafter / "config.json").read_text())
+        assert (drafter / "final.safetensors").is_file()
+        assert config["speculators_model_type"] == family and config["draft_vocab_size"] == ec.DRAFT_VOCAB
+        assert config["speculators_config"]["verifier"]["name_or_path"] == str(twin)  # the twin, not the stub
+    eagle3_config = json.loads((eagle3 / "config.json").read_text())
+    assert eagle3_config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert eagle3_config["transformer_layer_config"]["model_type"] == "qwen3"
+    assert eagle3_config["norm_before_residual"] is False  # train.architecture eagle3's flags
+    dflash_config = json.loads((dflash / "config.json").read_text())
+    assert dflash_config["block_size"] == 4 and dflash_config["mask_token_id"] == 1023
+    assert dflash_config["transformer_layer_config"]["num_hidden_layers"] == 2
+    assert not list(twin.glob("*.safetensors"))  # speculators read the stub beside it
+
+
+def test_a_family_the_engine_here_cannot_serve_is_not_started(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("started")
+
+    monkeypatch.setattr(ec, "random_drafter", never)
+    monkeypatch.setattr(ec, "_served", never)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(config_of("qwen3").to_dict()))
+    results = ec.check(target, ["dspark"], {"gpus": 0, "extra_args": []}, tmp_path / "work", tmp_path / "logs")
+    assert results["dspark"]["served"] is None and "V2 model runner" in results["dspark"]["skipped"]
+    assert ec.failure_message(results, "t", on_gpus=False) is None
+
+
+# From a vLLM 0.32 CPU server log: a DeepSeek-V3-shaped twin with an EAGLE-3 drafter and the hybrid
+# KV-cache manager off (one cache group, MLA's block of 16 for both).
+VLLM_LOG = """\
+(APIServer pid=20972) WARNING 12-05 08:45:23 [system_utils.py:255] Found ulimit of 20000 and failed to \
+automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like \
+`OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n
+(Worker pid=21036) ERROR 12-05 08:45:41 [multiproc_executor.py:1063]     raise ValueError(
+(Worker pid=21036) ERROR 12-05 08:45:41 [multiproc_executor.py:1063] ValueError: No common block size for 16 \
+(CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)]).
+(EngineCore pid=20999) ERROR 12-05 08:45:41 [core.py:1510]     raise RuntimeError(
+(EngineCore pid=20999) ERROR 12-05 08:45:41 [core.py:1510] RuntimeError: Worker failed with error 'No common block \
+size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)]).', please check the stack trace above for the root cause
+    raise RuntimeError(
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
+"""
+
+
+def test_the_key_line_of_a_failed_servers_log_is_its_root_cause():
+    assert ec.key_error_line(VLLM_LOG) == "ValueError: No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: " \
+                                          "[MultipleOf(32)])."
+    wrapped = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+    assert ec.key_error_line(wrapped) == wrapped  # only a wrapper: better than nothing
+    assert ec.key_error_line("INFO all good\n") is None
+
+
+def test_the_failure_names_each_family_its_error_and_what_to_do():
+    results = {"eagle3": {"served": False, "error": "ValueError: No common block size for 16", "log": "l/e.log"},
+               "dflash": {"served": True, "drafts": 15, "error": None},
+               "dspark": {"served": None, "skipped": "GPUs only"}}
+    message = ec.failure_message(results, "kimi", on_gpus=False)
+    assert "\n" not in message and "target kimi with a drafter of family eagle3 (eagle3: ValueError: No common" \
+        in message
+    assert "serve on GPUs (server.gpus)" in message and "leave eagle3 out of train.families" in message
+    assert "server.engine_check: false" in message and "l/e.log" in message and "dflash" not in message
+    assert "serve on GPUs" not in ec.failure_message(results, "kimi", on_gpus=True)
+
+
+def run_adapter(tmp_path, monkeypatch, results: dict | None, engine_check: bool = True):
+    """scripts/engine_check.py as Snakemake runs it, with ``check`` answering ``results``."""
+    import runpy
+    import sys
+    from types import SimpleNamespace
+
+    from tests.conftest import REPO
+
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # run() points stderr at the job's log
+    monkeypatch.setattr(ec, "check", lambda *args, **kwargs: results)
+    target = tmp_path / "target"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text(json.dumps(config_of("qwen3").to_dict()))
+    out = tmp_path / "results" / "checks" / "engine.json"
+    out.parent.mkdir(parents=True)
+    sm = SimpleNamespace(config={"target": {"name": "tiny", "source": str(target)},
+                                 "server": {"gpus": 0, "engine_check": engine_check}},
+                         params=SimpleNamespace(families=list(results or []), shapes={}), output=[str(out)],
+                         log=[str(tmp_path / "engine_check.log")], threads=1, resources=SimpleNamespace(gpu=0),
+                         scriptdir=str(REPO / "scripts"))
+    runpy.run_path(str(REPO / "scripts" / "engine_check.py"), init_globals={"snakemake": sm}, run_name="__main__")
+    return out
+
+
+def test_the_rule_fails_in_one_line_naming_the_family_and_what_to_do(tmp_path, monkeypatch, capsys):
+    results = {"eagle3": {"served": False, "seconds": 40.0, "drafts": None, "log": "logs/engine_check/eagle3.log",
+                          "error": "ValueError: No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: "
+                                   "[MultipleOf(32)])."},
+               "dflash": {"served": True, "seconds": 40.0, "drafts": 15, "error": None}}
+    with pytest.raises(SystemExit):
+        run_adapter(tmp_path, monkeypatch, results)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("draftsmith: ValueError: engine check: vLLM cannot serve "
+                                                          "target tiny with a drafter of family eagle3")
+    assert "No common block size for 16" in err and "leave eagle3 out of train.families" in err
+
+
+def test_the_rule_writes_the_verdicts_or_skips_when_switched_off(tmp_path, monkeypatch):
+    served = {"eagle3": {"served": True, "seconds": 40.0, "drafts": 15, "error": None}}
+    assert json.loads(run_adapter(tmp_path / "a", monkeypatch, served).read_text()) == served
+    off = run_adapter(tmp_path / "b", monkeypatch, None, engine_check=False)
+    assert json.loads(off.read_text()) == {"skipped": "server.engine_check is false"}
+
+
+def server_config() -> dict:
+    from draftsmith.config.load import validate_config
+
+    server = validate_config({"target": {"name": "t", "source": "x"}, "datasets": {"a": {"source": "a.jsonl"}},
+                              "evaluation": {"prompt_sets": {"b": {"source": "b.jsonl"}}}})["server"]
+    return {**server, "max_model_len": 512, "env": {"VLLM_CPU_KVCACHE_SPACE": 1}}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("arch, families", [("qwen3", ["eagle3", "dflash"]), ("deepseek_v3", ["eagle3"])])
+def test_vllm_gives_a_verdict_on_each_family_for_a_tiny_targets_twin(arch, families, tmp_path):
+    """One vLLM-CPU start per family (~40-50 s each on 2 cores)."""
+    target = build(arch, tmp_path / "target")
+    results = ec.check(target, families, server_config(), tmp_path / "work", tmp_path / "logs")
+    print(arch, json.dumps(results))  # the verdicts and times, with pytest -s
+    assert list(results) == families
+    for family, verdict in results.items():
+        assert verdict["seconds"] > 0 and (tmp_path / "logs" / f"{family}.server.log").is_file()
+        if verdict["served"]:
+            assert verdict["drafts"] > 0 and verdict["error"] is None, (family, verdict)
+        else:
+            assert verdict["served"] is False and verdict["error"], (family, verdict)
+    assert not list((tmp_path / "work" / "twin").glob("*.safetensors"))  # started without weights
