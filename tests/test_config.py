@@ -138,7 +138,7 @@ def test_a_user_config_replaces_datasets_and_prompt_sets_and_merges_the_rest(tmp
     cfg = validate_config(load_layers([DEFAULT, mine], {"merge": {"seed": 3}}))
     assert list(cfg["datasets"]) == ["mine"] and list(cfg["evaluation"]["prompt_sets"]) == ["held"]
     assert cfg["train"]["epochs"] == 5 and cfg["train"]["total_seq_len"] == 1024  # the rest: from the file below
-    assert cfg["evaluation"]["num_speculative_tokens"] == [1, 3] and cfg["merge"]["seed"] == 3
+    assert cfg["evaluation"]["num_speculative_tokens"] == [3] and cfg["merge"]["seed"] == 3
 
 
 def test_a_config_file_with_a_byte_order_mark_or_no_mapping(tmp_path):

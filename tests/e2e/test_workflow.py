@@ -357,3 +357,16 @@ def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagl
     prompts = ["The capital of France is", "def fibonacci(n):", "Three tips for sleeping well:"]
     assert greedy_completions(work, prompts, work / "results" / "drafters" / "dflash") == \
         greedy_completions(work, prompts)
+
+
+def test_training_free_speculation_is_measured_alone_without_hidden_states(tmp_path):
+    """./run.sh results/evaluation/training_free.md: the target served alone and with n-gram, in minutes,
+    before any data run; nothing is generated, tokenized, extracted or trained."""
+    proc = snakemake(tmp_path, "results/evaluation/training_free.md")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    made = {p.name for p in (tmp_path / "results").iterdir()}
+    assert not made & {"responses", "tokenized", "hidden_states", "train", "drafters"}, made
+    md = (tmp_path / "results" / "evaluation" / "training_free.md").read_text()
+    assert "| 2 | n-gram | 3 |" in md and "| n-gram | 3 | 2 | everyday |" in md
+    ngram = json.loads((tmp_path / "results" / "evaluation" / "ngram.json").read_text())
+    assert ngram["cells"][0]["runs"][0]["acceptance"]["tokens_per_step"] >= 1.0
