@@ -97,3 +97,34 @@ def test_tokens_per_target_step_count_every_step():
     sparse = acceptance(before, {"num_drafts": 10.0, "num_accepted_tokens": 20.0}, output_tokens=200)
     assert sparse["tau_pooled"] == 3.0 and sparse["tokens_per_step"] == pytest.approx(200 / 180)
     assert acceptance(before, {"num_drafts": 0.0}, output_tokens=0)["tokens_per_step"] is None
+
+
+def test_a_server_that_fails_fails_its_cells_not_the_grid(monkeypatch):
+    """A drafter's server that will not start (or dies) at one draft length: its cells say why and the other
+    lengths are still measured; a target alone that cannot be served leaves nothing to divide by."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from draftsmith.data.datasets import Prompt
+    from draftsmith.generation.server import ServerError
+
+    def server(name, fails=False):
+        @contextmanager
+        def started():
+            if fails:
+                raise ServerError("server exited with code 1 before it was ready; last lines of x.log:\nOOM")
+            yield SimpleNamespace(base_url=name)
+        return started
+
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "runs_at", lambda base_url, model, sets, temperatures, max_tokens, seeded, c, engine,
+                        drafting: [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0}])
+    grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2, 8], False, "vllm")
+    measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 1): server("k1", fails=True),
+                                                                  ("finetuned", 3): server("k3")})
+    cells = {(c["k"], c["concurrency"]): c for c in measured["cells"]}
+    assert cells[1, 2]["failed"] == cells[1, 8]["failed"] == ("ServerError: server exited with code 1 before it "
+                                                              "was ready; last lines of x.log:")
+    assert not cells[1, 2]["runs"] and cells[3, 8]["runs"][0]["speedup"] == 1.0
+    gone = ev.measure_method(grid, "m", server("baseline", fails=True), {("finetuned", 3): server("k3")})
+    assert gone["failed"].startswith("the target alone could not be measured: ServerError") and not gone["cells"]

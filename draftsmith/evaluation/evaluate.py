@@ -31,7 +31,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from draftsmith.config.target import Target
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation import methods
-from draftsmith.generation.client import ChatClient, RetryPolicy
+from draftsmith.generation.client import ChatClient, RequestFailed, RetryPolicy
+from draftsmith.generation.server import ServerError
 from draftsmith.training import families
 
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -115,13 +116,16 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         await client.aclose()
 
 
-async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int], int]], concurrency: int) -> int:
-    """Greedy continuations of token-id prompts (``/v1/completions``); returns the tokens generated."""
+async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int], int]], concurrency: int,
+                          ignore_eos: bool = False) -> int:
+    """Greedy continuations of token-id prompts (``/v1/completions``); returns the tokens generated.
+    ``ignore_eos``: every row runs its full length (a random model may end at once, drafting nothing)."""
     slots = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=3600) as http:
         async def one(ids: list[int], max_tokens: int) -> int:
             async with slots:
-                body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0}
+                body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+                        **({"ignore_eos": True} if ignore_eos else {})}
                 response = await http.post("/completions", json=body)
                 response.raise_for_status()
                 return response.json()["usage"]["completion_tokens"]
@@ -200,8 +204,10 @@ def sglang_acceptance(root_url: str) -> dict:
     info = httpx.get(root_url + "/get_server_info", timeout=30).json()
     states = info.get("internal_states") or [{}]
     tau = states[0].get("avg_spec_accept_length")
+    # EAGLE-3 on SGLang drafts at every step: its acceptance length is its tokens per target step too. It is
+    # the mean since the server started, so a cell's figure includes the cells before it on that server.
     return {"drafts": None, "draft_tokens": None, "accepted_tokens": None, "tau_pooled": tau,
-            "tokens_per_step": None, "acceptance_rate_per_position": []}
+            "tokens_per_step": tau, "acceptance_rate_per_position": []}
 
 
 def warm_up(base_url: str, model: str, sets: dict[str, list[Prompt]], max_tokens: int) -> None:
@@ -235,11 +241,17 @@ class Grid:
     engine: str
 
 
+# What a server that will not start, dies, or stops answering raises: that cell fails, not the grid.
+SERVING_FAILURES = (ServerError, RequestFailed, httpx.HTTPError)
+
+
 def measure_method(grid: Grid, model: str, baseline_server: Callable[[], AbstractContextManager],
                    cells: dict[tuple[str, int], Callable[[], AbstractContextManager]]) -> dict:
     """The target alone (``baseline_server``) at every point of ``grid``, then each ``(drafter label, draft
     length)`` of ``cells`` on its own server at the same points, in this order, one server at a time:
-    every cell's speed-up divides by the baseline measured in this same window."""
+    every cell's speed-up divides by the baseline measured in this same window. A server that fails
+    (:data:`SERVING_FAILURES`) fails its cells, recorded with why, and the others are still measured; a
+    baseline that fails leaves nothing to divide by: the method is ``failed``."""
     window = [time.time(), None]
     starts: list[float] = []
 
@@ -252,21 +264,38 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
             yield running
 
     baseline = {}
-    with started(baseline_server) as running:
-        for c in grid.concurrencies:
-            baseline[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded,
-                                  c, grid.engine, drafting=False)
+    try:
+        with started(baseline_server) as running:
+            for c in grid.concurrencies:
+                baseline[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
+                                      grid.seeded, c, grid.engine, drafting=False)
+    except SERVING_FAILURES as err:
+        log.error("the target alone: %s", failure_of(err))
+        return {"failed": f"the target alone could not be measured: {failure_of(err)}", "baseline": [], "cells": [],
+                "window": [window[0], time.time()], "server_start_s": starts}
     measured = []
     for (label, k), server in cells.items():
-        with started(server) as running:
-            for c in grid.concurrencies:
-                runs = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded,
-                               c, grid.engine, drafting=True)
-                for run, base in zip(runs, baseline[c], strict=True):
-                    run["baseline_tok_s"] = base["output_tok_s"]
-                    run["speedup"] = run["output_tok_s"] / base["output_tok_s"] \
-                        if base["output_tok_s"] and run["output_tok_s"] else None
-                measured.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
+        done = []
+        try:
+            with started(server) as running:
+                for c in grid.concurrencies:
+                    runs = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
+                                   grid.seeded, c, grid.engine, drafting=True)
+                    for run, base in zip(runs, baseline[c], strict=True):
+                        run["baseline_tok_s"] = base["output_tok_s"]
+                        run["speedup"] = run["output_tok_s"] / base["output_tok_s"] \
+                            if base["output_tok_s"] and run["output_tok_s"] else None
+                    done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
+        except SERVING_FAILURES as err:
+            log.error("%s k=%d: %s", label, k, failure_of(err))
+            done += [{"drafter": label, "k": k, "concurrency": c, "runs": [], "failed": failure_of(err)}
+                     for c in grid.concurrencies[len(done):]]
+        measured += done
     window[1] = time.time()
     return {"baseline": [{"concurrency": c, "runs": runs} for c, runs in baseline.items()], "cells": measured,
             "window": window, "server_start_s": starts}
+
+
+def failure_of(err: Exception) -> str:
+    """A serving failure in one line (a server's exit message carries its log's tail after the first)."""
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"

@@ -100,8 +100,12 @@ def summary(family: str, evaluation: dict, training: dict, drafter_bytes: int, p
             return {**row, "served": False, "excluded": why, "reason": evaluation[key], "best": None, "score": None,
                     "runs": []}
     best = best_cell(evaluation, pick_at, pick_by)
-    return {**row, "served": True, "best": best, "score": best and best["score"],
-            "runs": cell_runs(evaluation, best) if best else []}
+    if best is None:  # every cell there failed, or none has the figure (nothing drafted)
+        failed = [c["failed"] for c in evaluation.get("cells", []) if c.get("failed") and c["concurrency"] == pick_at]
+        return {**row, "served": False, "excluded": "failed" if failed else "not measured", "best": None,
+                "score": None, "runs": [],
+                "reason": failed[0] if failed else f"no {FIGURES[pick_by]} measured at concurrency {pick_at}"}
+    return {**row, "served": True, "best": best, "score": best["score"], "runs": cell_runs(evaluation, best)}
 
 
 def cell_runs(evaluation: dict, best: dict) -> list[dict]:
@@ -117,7 +121,8 @@ def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
         why = "; ".join(f"{r['family']}: {r.get('reason') or 'no ' + FIGURES[pick_by] + ' measured'}" for r in rows)
         raise NothingToPick(f"no family has a measured {FIGURES[pick_by]} to pick by ({why})")
     best = ranked[0]
-    name, at = FIGURES[pick_by], f"at concurrency {pick_at}, {best['best']['k']} draft tokens"
+    k = best["best"]["k"]
+    name, at = FIGURES[pick_by], f"at concurrency {pick_at}, {k} draft token{'' if k == 1 else 's'}"
     if len(ranked) == 1:
         others = [f"{r['family']} ({r.get('excluded') or 'not measured'})" for r in rows if r is not best]
         return best["family"], (f"{name} {best['score']:.3f} {at}, the only family measured"

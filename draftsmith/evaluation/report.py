@@ -276,7 +276,10 @@ def _evaluation(results: dict) -> list[str]:
                      f"{_fmt(row['tokens_per_step'], '.3f')} | {row['acceptance_by_position']} | "
                      f"{_fmt(row['baseline_tok_s'], '.1f')} | {_fmt(row['tok_s'], '.1f')} | "
                      f"{_fmt(row['speedup'], '.2f')}× |")
-    return lines
+    failed = [f"- {DISPLAY_NAME[m]} k={c['k']} at concurrency {c['concurrency']}: not measured, {c['failed']}"
+              for m, e in results["methods"].items() for c in e.get("cells", []) if c.get("failed")]
+    return lines + (["", "Cells whose server failed (the others of the grid were measured):", "", *failed]
+                    if failed else [])
 
 
 def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
