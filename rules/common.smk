@@ -14,6 +14,7 @@ from draftsmith.config.load import (
     validate_config,
 )
 from draftsmith.core.digest import json_digest
+from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
 from draftsmith.training import families as drafter_families
@@ -168,7 +169,11 @@ def generation_gpus():
 
 
 PREFLIGHT = "results/checks/preflight.json"
-ENGINE_CHECK = "results/checks/engine.json"
+# Per engine build (vLLM on GPUs or its CPU build): a run moved onto GPUs is checked again there (which
+# engine serves is operational: it names the file, never a param).
+ENGINE_CHECK = (
+    f"results/checks/engine.{'gpu' if config['server']['gpus'] else 'cpu'}.json"
+)
 # Before the first expensive job: the config against the target, and the engine serving the target with a
 # drafter of each family (ancient: a rerun of either reruns nothing downstream).
 CHECKS = [ancient(PREFLIGHT), ancient(ENGINE_CHECK)]
@@ -183,7 +188,7 @@ def pretrained_input(wildcards=None):
 
 
 FAMILIES = config["train"]["families"]
-TRAINING_FREE = config["evaluation"]["training_free"]
+TRAINING_FREE = serving_methods.measured_training_free(config["evaluation"])
 METHODS = [*FAMILIES, *TRAINING_FREE]  # what the evaluation measures side by side
 PICK_AT = config["evaluation"]["pick_at"] or config["evaluation"]["concurrency"][0]
 
@@ -221,7 +226,13 @@ def method_evaluation(wildcards):
 def evaluation_inputs(wildcards):
     """A method's measurement reads the target and the prompts; a trained family also its export and
     gate (and EAGLE-3 a warm start's pretrained drafter, measured beside it)."""
-    inputs = {"model": target_input(), "prompts": evaluation_sources()}
+    inputs = {
+        "model": target_input(),
+        "prompts": evaluation_sources(),
+        "preflight": ancient(
+            PREFLIGHT
+        ),  # a method the config cannot measure is refused first
+    }
     family = wildcards.method
     if family in FAMILIES:
         inputs.update(
@@ -235,17 +246,7 @@ def evaluation_inputs(wildcards):
 
 
 def evaluation_servers(wildcards):
-    """Servers a method's job starts: the target alone, then one per draft length and drafter."""
-    lengths = (
-        1
-        if wildcards.method in FAMILIES
-        and wildcards.method != drafter_families.DEFAULT_FAMILY
-        else len(config["evaluation"]["num_speculative_tokens"])
-    )
-    drafters = (
-        2 if wildcards.method == drafter_families.DEFAULT_FAMILY and WARM_START else 1
-    )
-    return 1 + lengths * drafters
+    return serving_methods.servers(wildcards.method, config["evaluation"], WARM_START)
 
 
 def measurement_threads():

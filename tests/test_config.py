@@ -191,8 +191,6 @@ def test_a_good_config_has_no_problem(tmp_path):
     ({"train": {"total_seq_len": 512}}, r"train.total_seq_len \(512\) is below tokenize.max_length \(1024\)"),
     ({"vocab": {"draft_vocab_size": 60000}}, r"vocab.draft_vocab_size \(60000\) is above the target's vocabulary"),
     ({"evaluation": {"pick_at": 8}}, r"evaluation.pick_at 8 is not one of evaluation.concurrency \[4, 12\]"),
-    ({"evaluation": {"engine": "sglang", "training_free": ["ngram"]}},
-     r"evaluation.training_free \['ngram'\] is measured with vLLM's own methods; evaluation.engine is sglang"),
     ({"evaluation": {"ngram": {"prompt_lookup_min": 5}}},
      r"evaluation.ngram.prompt_lookup_min \(5\) is above prompt_lookup_max \(4\)"),
 ])

@@ -113,7 +113,8 @@ def test_each_family_is_planned_with_its_own_epochs_and_pace(tmp_path):
 
 def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_training(tmp_path):
     """Every method's job starts the target once more than its draft lengths; on a 1T target a start is
-    most of an hour, so a generous grid can outlast the training it measures."""
+    most of an hour, and at concurrency 1 a server decodes far fewer tokens a second than generation's
+    batches do: a generous grid can outlast the training it measures."""
     config = kimi_config(tmp_path)
     config["train"]["families"] = ["eagle3", "dflash"]
     config["evaluation"].update(concurrency=[1, 16, 64], num_speculative_tokens=[1, 3, 5], training_free=["ngram"],
@@ -122,20 +123,25 @@ def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_traini
     throughput = plan.measured_throughput(tmp_path / "results", config["plan"]["throughput"])
     grid = plan.grid_plan(config, {"mt_bench": (80, 80)}, tmp_path / "results", throughput)
     assert grid.cells == (3 + 1 + 3) * 3 and grid.servers == (3 + 1 + 3) + 3  # a target alone per method
-    assert grid.tokens == grid.servers * 3 * 2 * (80 + 1) * 1024 * 0.5  # a warm-up per server and set
-    assert grid.seconds == pytest.approx(10 * 2400 + grid.tokens / 6000)
+    # generation's 6,000 tok/s at concurrency 200, scaled to the grid's concurrencies
+    assert grid.rates == {1: 30.0, 16: 480.0, 64: 1920.0}
+    per_point = 10 * 2 * 80 * 1024 * 0.5
+    assert grid.tokens == {1: per_point + 10 * 512, 16: per_point, 64: per_point}
+    assert grid.seconds == pytest.approx(10 * 2400 + (per_point + 5120) / 30 + per_point / 480 + per_point / 1920)
     text = "\n".join(plan.grid_section(grid, training_s=3 * 3600))
     assert "21 cells (method x draft tokens x concurrency), 10 server starts (2400 s each (plan.server_start_s))" \
         in text
     assert "**The evaluation grid would take longer than the training (3.0 h)**" in text
     assert "longer than the training" not in "\n".join(plan.grid_section(grid, training_s=100 * 3600))
-    # An earlier run's evaluations measure both the pace and the start-up.
+    # An earlier run's evaluations measure both the pace at each concurrency and the start-up.
     (tmp_path / "results" / "evaluation").mkdir(parents=True)
-    run = {"output_tokens": 500, "wall_s": 5.0}
+    slow, fast = {"output_tokens": 500, "wall_s": 50.0}, {"output_tokens": 500, "wall_s": 5.0}
     (tmp_path / "results" / "evaluation" / "ngram.json").write_text(json.dumps({
-        "baseline": [{"runs": [run]}], "cells": [{"runs": [run, run]}], "server_start_s": [30.0, 50.0]}))
+        "baseline": [{"concurrency": 1, "runs": [slow]}, {"concurrency": 16, "runs": [fast]}],
+        "cells": [{"concurrency": 16, "runs": [fast, fast]}], "server_start_s": [30.0, 50.0]}))
     measured = plan.grid_plan(config, {"mt_bench": (80, 80)}, tmp_path / "results", throughput)
-    assert (measured.rate, measured.start_s) == (100.0, 40.0) and "measured" in measured.rate_source
+    assert measured.rates[1] == 10.0 and measured.rates[16] == 100.0 and measured.start_s == 40.0
+    assert measured.rates[64] == 1920.0 and "measured" in measured.rate_source  # not measured there: scaled
 
 
 def test_the_plan_says_what_the_engine_check_asks_and_what_it_found(tmp_path):
@@ -143,7 +149,7 @@ def test_the_plan_says_what_the_engine_check_asks_and_what_it_found(tmp_path):
     text = "\n".join(plan.engine_check_section(config, tmp_path / "results"))
     assert "weightless twin of the target" in text and "(eagle3)" in text
     (tmp_path / "results" / "checks").mkdir(parents=True)
-    (tmp_path / "results" / "checks" / "engine.json").write_text(json.dumps({"eagle3": {
+    (tmp_path / "results" / "checks" / "engine.gpu.json").write_text(json.dumps({"eagle3": {
         "served": False, "seconds": 72.1, "error": "ValueError: No common block size for 16"}}))
     assert "| eagle3 | NO | 72 | ValueError: No common block size for 16 |" in "\n".join(
         plan.engine_check_section(config, tmp_path / "results"))

@@ -41,6 +41,28 @@ def draft_lengths(method: str, evaluation: dict, drafter_config: dict | None = N
     return [families.num_speculative_tokens(method, drafter_config, 0)]
 
 
+def measured_training_free(evaluation: dict) -> list[str]:
+    """The training-free methods measured: ``evaluation.training_free``, with vLLM's own methods; none
+    where the evaluation engine is SGLang (said before any work: :func:`engine_notice`)."""
+    return [] if evaluation["engine"] == "sglang" else list(evaluation["training_free"])
+
+
+def engine_notice(evaluation: dict) -> str | None:
+    if evaluation["engine"] == "sglang" and evaluation["training_free"]:
+        return (f"evaluation.training_free {evaluation['training_free']}: vLLM's own methods, not measured with "
+                "evaluation.engine sglang")
+    return None
+
+
+def servers(method: str, evaluation: dict, warm_start: bool) -> int:
+    """Server starts of ``method``'s measurement: the target alone, then one per draft length and drafter
+    (EAGLE-3's warm start measures the published drafter beside the finetuned one); a block family
+    drafts one length, its block."""
+    lengths = 1 if is_trained(method) and method != families.DEFAULT_FAMILY else len(
+        evaluation["num_speculative_tokens"])
+    return 1 + lengths * (2 if method == families.DEFAULT_FAMILY and warm_start else 1)
+
+
 def speculative_config(method: str, k: int, evaluation: dict, drafter: str | None = None) -> dict:
     """vLLM's ``--speculative-config`` for ``method`` drafting ``k`` tokens per step (a trained method's
     folder in ``drafter``)."""

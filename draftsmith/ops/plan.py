@@ -18,6 +18,7 @@ from pathlib import Path
 from draftsmith.config.target import Facts
 from draftsmith.core import jsonl
 from draftsmith.core.units import TB, human_bytes
+from draftsmith.evaluation import methods
 from draftsmith.generation.generate import journals_of
 from draftsmith.training import families
 
@@ -132,55 +133,71 @@ class GridPlan:
 
     cells: int  # (method, draft length, concurrency) triples measured
     servers: int  # server starts, the targets-alone of each method's window included
-    tokens: float  # output tokens expected over every measured request
-    rate: float | None  # output tok/s of the target serving alone
+    tokens: dict[int, float]  # output tokens expected at each concurrency (warm-ups at 1)
+    rates: dict[int, float | None]  # output tok/s at each concurrency
     rate_source: str
     start_s: float | None  # seconds a server takes to start
     start_source: str
 
     @property
     def seconds(self) -> float | None:
-        return None if self.rate is None or self.start_s is None else self.servers * self.start_s + \
-            self.tokens / self.rate
+        if self.start_s is None or any(not self.rates.get(c) for c in self.tokens):
+            return None
+        return self.servers * self.start_s + sum(t / self.rates[c] for c, t in self.tokens.items())
 
 
 def grid_plan(config: dict, sets: dict[str, tuple[int, int]], results: Path, throughput: Throughput) -> GridPlan:
     """``sets``: each evaluation set's (prompts, turns). A block family drafts one length (its block);
     EAGLE-3 and the training-free methods each of ``evaluation.num_speculative_tokens``; a warm start's
-    pretrained drafter is measured beside EAGLE-3's. Rates and start-up times come from an earlier run's
-    evaluations where there are any (output tokens over wall time, the servers' own start-up), else
-    generation's throughput and ``plan.server_start_s``."""
+    pretrained drafter is measured beside EAGLE-3's (:func:`draftsmith.evaluation.methods.servers`).
+    Rates per concurrency and start-up times come from an earlier run's evaluations where there are any
+    (output tokens over wall time, the servers' own start-up); else generation's throughput, scaled down
+    below generation's concurrency (fewer requests in flight decode fewer tokens per step), and
+    ``plan.server_start_s``."""
     ev = config["evaluation"]
-    ks = len(ev["num_speculative_tokens"])
-    per_method = {f: (ks * (2 if config["train"]["from_pretrained"] else 1) if f == families.DEFAULT_FAMILY else 1)
-                  for f in config["train"]["families"]} | dict.fromkeys(ev["training_free"], ks)
-    points = len(ev["concurrency"]) * len(ev["temperatures"])
-    turns = sum(t for _, t in sets.values()) + len(sets)  # a warm-up request per set
-    cells = sum(per_method.values()) * len(ev["concurrency"])
-    servers = sum(per_method.values()) + len(per_method)
-    tokens = servers * points * turns * ev["max_tokens"] * config["plan"]["completion_fraction"]
+    per_method = {m: methods.servers(m, ev, bool(config["train"]["from_pretrained"]))
+                  for m in [*config["train"]["families"], *methods.measured_training_free(ev)]}
+    turns = sum(t for _, t in sets.values())
+    servers = sum(per_method.values())
+    per_answer = ev["max_tokens"] * config["plan"]["completion_fraction"]
+    tokens = {c: servers * len(ev["temperatures"]) * turns * per_answer for c in ev["concurrency"]}
+    tokens[1] = tokens.get(1, 0.0) + servers * per_answer  # one warm-up request per server
     measured = [json.loads(p.read_text()) for p in sorted((results / "evaluation").glob("*.json"))
                 if p.stem in per_method]
-    runs = [run for m in measured for part in (*m.get("baseline", []), *m.get("cells", [])) for run in part["runs"]]
-    starts = [s for m in measured for s in m.get("server_start_s", [])]
-    rate, rate_source = throughput.generation_tok_s, throughput.sources.get("generation_tok_s", "unknown")
-    if runs and sum(r["wall_s"] for r in runs):
-        rate, rate_source = sum(r["output_tokens"] for r in runs) / sum(r["wall_s"] for r in runs), \
-            "measured (earlier evaluations)"
+    runs: dict[int, list[dict]] = {}
+    for evaluation in measured:
+        for part in (*evaluation.get("baseline", []), *evaluation.get("cells", [])):
+            runs.setdefault(part["concurrency"], []).extend(part["runs"])
+    generation = max((d["generation"]["concurrency"] for d in config["datasets"].values()
+                      if d.get("kind", "prompts") == "prompts"), default=None)
+    rates: dict[int, float | None] = {}
+    for c in tokens:
+        done = [r for r in runs.get(c, []) if r.get("wall_s")]
+        if done:
+            rates[c] = sum(r["output_tokens"] for r in done) / sum(r["wall_s"] for r in done)
+        elif throughput.generation_tok_s and generation:
+            rates[c] = throughput.generation_tok_s * min(1.0, c / generation)
+        else:
+            rates[c] = None
+    scaled = f"generation's throughput ({throughput.sources.get('generation_tok_s', 'unknown')}) scaled by concurrency"
+    source = f"measured by earlier evaluations where they ran, else {scaled}" if runs else scaled
+    starts = [s for evaluation in measured for s in evaluation.get("server_start_s", [])]
     start_s, start_source = config["plan"]["server_start_s"], "plan.server_start_s"
     if starts:
         start_s, start_source = statistics.fmean(starts), "measured (earlier evaluations)"
-    return GridPlan(cells, servers, tokens, rate, rate_source, start_s, start_source)
+    return GridPlan(sum(n - 1 for n in per_method.values()) * len(ev["concurrency"]), servers, tokens, rates,
+                    source, start_s, start_source)
 
 
 def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
     """The grid's size and time, named when it would take longer than the training."""
     start = f"{grid.start_s:.0f} s each ({grid.start_source})" if grid.start_s is not None else \
         "start-up unknown: set plan.server_start_s"
-    rate = f"{grid.rate:,.0f} tok/s ({grid.rate_source})" if grid.rate else "throughput unknown"
+    rates = ", ".join(f"{rate:,.0f} tok/s at {c}" if rate else f"unknown at {c}" for c, rate in sorted(
+        grid.rates.items()))
     lines = ["", "## Evaluation grid", "",
              f"{grid.cells} cells (method x draft tokens x concurrency), {grid.servers} server starts ({start}), "
-             f"~{grid.tokens:,.0f} output tokens at {rate}: "
+             f"~{sum(grid.tokens.values()):,.0f} output tokens ({rates}; {grid.rate_source}): "
              + ("time unknown." if grid.seconds is None else f"**{grid.seconds / 3600:.1f} h**.")]
     if grid.seconds is not None and training_s and grid.seconds > training_s:
         lines.append(f"- **The evaluation grid would take longer than the training ({training_s / 3600:.1f} h)**: "
@@ -198,8 +215,9 @@ def engine_check_section(config: dict, results: Path) -> list[str]:
     lines = ["", "## Engine check", "",
              f"Before any work, vLLM starts on a weightless twin of the target (the same attention, cache and rope "
              f"shapes, four layers, a few small experts) with a random drafter of each family ({', '.join(families_)}) "
-             "and drafts once: a pair it cannot serve fails there, naming the error (`results/checks/engine.json`)."]
-    found = results / "checks" / "engine.json"
+             "and drafts once: a pair it cannot serve fails there, naming the error "
+             "(`results/checks/engine.{cpu,gpu}.json`)."]
+    found = results / "checks" / f"engine.{'gpu' if config['server']['gpus'] else 'cpu'}.json"
     if found.exists():
         checked = json.loads(found.read_text())
         lines += ["", "| family | served | seconds | note |", "|---|---|---:|---|"]

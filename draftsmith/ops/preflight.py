@@ -35,8 +35,9 @@ def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) 
 def notices(config: dict) -> list[str]:
     """What will run differently from what the config asks, said before any work (not an error)."""
     on_gpus = config["server"]["gpus"] > 0
-    return [f"train.families: {family}: {why}" for family in config["train"]["families"]
-            if (why := families.not_served_here(family, on_gpus=on_gpus))]
+    unserved = [f"train.families: {family}: {why}" for family in config["train"]["families"]
+                if (why := families.not_served_here(family, on_gpus=on_gpus))]
+    return unserved + [why for why in (methods.engine_notice(config["evaluation"]),) if why]
 
 
 def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> None:
@@ -147,10 +148,7 @@ def _evaluation(config: dict) -> list[str]:
     if ev["pick_at"] is not None and ev["pick_at"] not in ev["concurrency"]:
         found.append(f"evaluation.pick_at {ev['pick_at']} is not one of evaluation.concurrency {ev['concurrency']}: "
                      "the pick needs measurements there")
-    if ev["training_free"] and ev["engine"] == "sglang":
-        found.append(f"evaluation.training_free {ev['training_free']} is measured with vLLM's own methods; "
-                     "evaluation.engine is sglang (set training_free: [] or engine: vllm)")
-    found += [f"evaluation.training_free: {why}" for method in ev["training_free"]
+    found += [f"evaluation.training_free: {why}" for method in methods.measured_training_free(ev)
               if (why := methods.unavailable(method))]
     ngram = ev["ngram"]
     if ngram["prompt_lookup_min"] > ngram["prompt_lookup_max"]:
