@@ -60,5 +60,6 @@ rule engine_check:
         families=FAMILIES,
         shapes=engine_check.drafter_shapes(RESULT["train"]),
         server=RESULT["server"],
+        target=RESULT["target"],  # a hub-id target has no file input to rerun it
     script:
         "../scripts/engine_check.py"
