@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path in one short run (< 8 min), for the bare GPU machine this project can borrow:
+# The GPU path in one short run (6 min with the machine's start), for the bare GPU machine this project can borrow:
 #
 #   benchmarks/gpu_check.sh            # on a CUDA machine
 #   benchmarks/gpu_check.sh --cpu      # the same steps on the CPU (CI runs this)

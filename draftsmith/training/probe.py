@@ -5,13 +5,13 @@ depend on the installed torch, Triton and driver, which differ between clusters,
 vLLM's pins: on the lent H200 (torch 2.11) dynamo failed on the fused loss's autotuner in the first
 step (issue 37). A probe runs the configured loss forward and backward on a tiny batch on the job's
 device, in a process of its own (a kernel that faults can poison a CUDA context), compiled when the
-trainer will compile, and compares it with the eager loss. Compiled, it also runs speculators' draft
-attention (FlexAttention with a block mask) forward and backward against sdpa: the trainer's compiled
-forward needs both. ``auto`` settings then take what worked, and the choice and its reason go to the
+trainer will compile, and compares it with the eager loss. The compile probe also runs speculators'
+draft attention (FlexAttention with a block mask) compiled, forward and backward, against sdpa: the
+trainer's compiled forward needs both. ``auto`` settings then take what worked, and the choice and its reason go to the
 log, the training summary, the report and the model card. Which device probes at all, and which
 attention an uncompiled trainer gets, is :mod:`draftsmith.core.platform`'s decision.
 
-    python -m draftsmith.training.probe LOSS_FN IMPLEMENTATION COMPILE DEVICE   # exits 0 when it works
+    python -m draftsmith.training.probe LOSS_FN IMPLEMENTATION on|off DEVICE attention|loss   # 0: it works
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Choice:
         return asdict(self)
 
 
-def run_probe(loss_fn: str, implementation: str, compile_: bool, device: str) -> None:
+def run_probe(loss_fn: str, implementation: str, compile_: bool, device: str, attention: bool = False) -> None:
     """The loss of ``implementation`` forward and backward on a tiny batch; raises when it fails or
     disagrees with the eager loss."""
     import torch
@@ -64,7 +64,7 @@ def run_probe(loss_fn: str, implementation: str, compile_: bool, device: str) ->
     if not torch.allclose(loss.float(), reference.float(), rtol=0.05, atol=1e-3):
         raise ArithmeticError(f"the {implementation} loss gave {loss.item():.5f}, the eager one "
                               f"{reference.item():.5f}")
-    if compile_:
+    if attention:
         run_attention_probe(device)
 
 
@@ -87,11 +87,12 @@ def run_attention_probe(device: str) -> None:
         raise ArithmeticError("compiled FlexAttention disagrees with sdpa")
 
 
-def probe(loss_fn: str, implementation: str, compile_: bool, device: str,
+def probe(loss_fn: str, implementation: str, compile_: bool, device: str, attention: bool = False,
           timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Run :func:`run_probe` in a process of its own; ``None`` when it worked, else what went wrong."""
     try:
-        proc = subprocess.run(command(loss_fn, implementation, compile_, device), capture_output=True, text=True,
+        proc = subprocess.run(command(loss_fn, implementation, compile_, device, attention), capture_output=True,
+                              text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"no result within {timeout_s:.0f} s"
@@ -101,11 +102,11 @@ def probe(loss_fn: str, implementation: str, compile_: bool, device: str,
     return lines[-1] if lines else f"exit code {proc.returncode}"
 
 
-def command(loss_fn: str, implementation: str, compile_: bool, device: str) -> list[str]:
+def command(loss_fn: str, implementation: str, compile_: bool, device: str, attention: bool = False) -> list[str]:
     """The probe's process (``loss_fn`` by name: a family's loss left to speculators' recipe is resolved
     first, :func:`draftsmith.training.families.loss_fn`)."""
     return [sys.executable, "-m", "draftsmith.training.probe", loss_fn, implementation, "on" if compile_ else "off",
-            device]
+            device, "attention" if attention else "loss"]
 
 
 def compile_setting(value: str | bool) -> str:
@@ -139,7 +140,7 @@ def choose(train: dict, family: dict, device: str) -> Choice:
     compile_ = compile_mode != "off"
     if compile_mode == "auto":
         started = time.monotonic()
-        failure = probe(loss_fn, "eager", True, device)
+        failure = probe(loss_fn, "eager", True, device, attention=True)  # the compiled forward needs both
         compile_ = failure is None
         reasons.append(f"torch.compile {'works' if compile_ else 'failed its probe: ' + failure} "
                        f"({time.monotonic() - started:.0f} s)")
@@ -162,9 +163,9 @@ def choose(train: dict, family: dict, device: str) -> Choice:
 
 
 if __name__ == "__main__":
-    loss_fn_, implementation_, compile_arg, device_ = sys.argv[1:5]
+    loss_fn_, implementation_, compile_arg, device_, what = sys.argv[1:6]
     try:
-        run_probe(loss_fn_, implementation_, compile_arg == "on", device_)
+        run_probe(loss_fn_, implementation_, compile_arg == "on", device_, attention=what == "attention")
     except Exception as err:  # the one line probe() reports; the traceback stays out of the job's log
         print(f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}",
               file=sys.stderr)
