@@ -505,13 +505,14 @@ class _Staged:
     """A row on its way to the host. Tensors on a device with pinned staging
     (:func:`draftsmith.core.platform.pinned_staging`) are copied into the writer's :class:`PinnedPool`
     without waiting (no sync per row); an event recorded after the copies tells the writer thread when
-    it may read them. A CPU's tensors are taken as they are."""
+    it may read them. A CPU's tensors are taken as they are, another device's copied at once."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], pool_for: Callable[[], PinnedPool]):
         self.event = None
         self.pool: PinnedPool | None = None
         staged = {name: t for name, t in tensors.items() if platform.pinned_staging(t.device.type)}
-        self.tensors = {name: t.contiguous() for name, t in tensors.items() if name not in staged}
+        # another accelerator's tensors (XPU, MPS) are copied to the host now, waiting for them
+        self.tensors = {name: t.to("cpu").contiguous() for name, t in tensors.items() if name not in staged}
         if staged:
             sizes = [_aligned(t.numel() * t.element_size()) for t in staged.values()]
             pool = pool_for()
