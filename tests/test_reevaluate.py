@@ -10,7 +10,7 @@ spec = importlib.util.spec_from_file_location("reevaluate", REPO / "benchmarks" 
 reevaluate = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reevaluate)
 
-EVALUATION = {"max_tokens": 64, "concurrency": 12,
+EVALUATION = {"max_tokens": 64, "concurrency": [12],
               "prompt_sets": {"humaneval": {"source": "h.jsonl", "skip": 140, "max_samples": 12},
                               "everyday": {"source": "e.jsonl"}}}
 

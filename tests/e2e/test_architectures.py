@@ -43,7 +43,7 @@ def config_for(arch: str, target) -> dict:
         "export": {"gate_prompts": 2},
         "evaluation": {"prompt_sets": {"everyday": {"source": "config/prompts/bench_everyday.jsonl",
                                                     "max_samples": 2}},
-                       "max_tokens": 16, "temperatures": [0.0], "concurrency": 2},
+                       "max_tokens": 16, "temperatures": [0.0], "concurrency": [2]},
     }
 
 
