@@ -38,6 +38,7 @@ rule pick:
         configs=expand("results/drafters/{family}/config.json", family=FAMILIES),
         gates=expand("results/drafters/{family}/gate.json", family=FAMILIES),
         sglang=expand("results/drafters/{family}/sglang", family=FAMILIES),
+        engine_check=ENGINE_CHECK,
     output:
         weights="results/drafter/final.safetensors",
         config="results/drafter/config.json",

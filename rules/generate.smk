@@ -3,7 +3,7 @@ rule generate:
     input:
         model=target_input,
         prompts="results/prompts/{generated}.jsonl",
-        checks=CHECKS,
+        preflight=ancient(PREFLIGHT),
     output:
         responses="results/responses/{generated}.jsonl",
         stats="results/responses/{generated}.stats.json",

@@ -5,7 +5,7 @@ rule hidden_states:
         model=target_input,
         table="results/tokenized/{dataset}.parquet",
         pretrained=pretrained_input,
-        checks=CHECKS,
+        preflight=ancient(PREFLIGHT),
     output:
         manifest="results/hidden_states/{dataset}/manifest.json",
     log:

@@ -42,6 +42,7 @@ rule engine_check:
     """vLLM started on a weightless twin of the target (the same attention and cache shapes, four layers,
     a few experts) with a random drafter of each family: a pair the engine cannot serve fails here, in
     seconds for any target size, not at the export gate after training (server.engine_check: false skips it).
+    First of the ready jobs (priority); the pick reads it (see ENGINE_CHECK in common.smk for why no other job).
     """
     input:
         model=target_input,
@@ -50,6 +51,7 @@ rule engine_check:
         ENGINE_CHECK,
     log:
         "logs/engine_check.log",
+    priority: 100  # before generation, hidden states and training wherever they compete for the machine
     threads: config["server"]["threads"]
     resources:
         gpu=config["server"]["gpus"],

@@ -2,7 +2,7 @@ rule import_pretrained:
     """Warm start: the pretrained drafter in speculators' layout, checked against the target."""
     input:
         model=target_input,
-        checks=CHECKS,
+        preflight=ancient(PREFLIGHT),
     output:
         check=f"{PRETRAINED}/check.json",
     log:
