@@ -8,7 +8,7 @@ from draftsmith.config import target
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation import vllm_fixes
-from draftsmith.generation.server import ServerError, managed_server
+from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
 from draftsmith.training import families
@@ -70,9 +70,8 @@ def main() -> None:
             before = ev.scrape_spec_counters(root)
             asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
             acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
-    except ServerError as err:  # vLLM would not serve it (e.g. DSpark falling back to the V1 model runner)
-        failed(checkpoint, f"vLLM did not serve the drafter: {str(err).splitlines()[0]} (log: {sm.log.server})",
-               epoch)
+    except ev.SERVING_FAILURES as err:  # would not start (DSpark on vLLM's V1 runner) or died drafting
+        failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
     passed, verdict = ex.gate_verdict(acceptance, expected)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,

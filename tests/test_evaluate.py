@@ -100,10 +100,13 @@ def test_tokens_per_target_step_count_every_step():
 
 
 def test_a_server_that_fails_fails_its_cells_not_the_grid(monkeypatch):
-    """A drafter's server that will not start (or dies) at one draft length: its cells say why and the other
-    lengths are still measured; a target alone that cannot be served leaves nothing to divide by."""
+    """A drafter's server that will not start, or dies mid-cell, at one draft length: its cells say why and
+    the other lengths are still measured. A target alone that cannot be served says nothing of the method:
+    the job fails and records nothing, so a rerun measures it again."""
     from contextlib import contextmanager
     from types import SimpleNamespace
+
+    import httpx
 
     from draftsmith.data.datasets import Prompt
     from draftsmith.generation.server import ServerError
@@ -116,15 +119,23 @@ def test_a_server_that_fails_fails_its_cells_not_the_grid(monkeypatch):
             yield SimpleNamespace(base_url=name)
         return started
 
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting):
+        if base_url == "k5" and c == 8:  # started, answered at c=2, then died
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0}]
+
     monkeypatch.setattr(ev, "warm_up", lambda *args: None)
-    monkeypatch.setattr(ev, "runs_at", lambda base_url, model, sets, temperatures, max_tokens, seeded, c, engine,
-                        drafting: [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0}])
+    monkeypatch.setattr(ev, "runs_at", runs_at)
     grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2, 8], False, "vllm")
     measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 1): server("k1", fails=True),
-                                                                  ("finetuned", 3): server("k3")})
+                                                                  ("finetuned", 3): server("k3"),
+                                                                  ("finetuned", 5): server("k5")})
     cells = {(c["k"], c["concurrency"]): c for c in measured["cells"]}
     assert cells[1, 2]["failed"] == cells[1, 8]["failed"] == ("ServerError: server exited with code 1 before it "
                                                               "was ready; last lines of x.log:")
     assert not cells[1, 2]["runs"] and cells[3, 8]["runs"][0]["speedup"] == 1.0
-    gone = ev.measure_method(grid, "m", server("baseline", fails=True), {("finetuned", 3): server("k3")})
-    assert gone["failed"].startswith("the target alone could not be measured: ServerError") and not gone["cells"]
+    assert cells[5, 2]["runs"][0]["speedup"] == 1.0 and "failed" not in cells[5, 2]
+    assert cells[5, 8]["failed"] == "RemoteProtocolError: Server disconnected without sending a response."
+    assert "failed" not in measured
+    with pytest.raises(ev.BaselineFailed, match=r"the target alone could not be measured.*ServerError.*rerun"):
+        ev.measure_method(grid, "m", server("baseline", fails=True), {("finetuned", 3): server("k3")})

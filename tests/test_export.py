@@ -264,20 +264,35 @@ def test_a_family_whose_export_is_refused_is_recorded_and_does_not_fail_the_run(
     assert methods.not_measured("dflash", False, gate) == {"failed": gate["verdict"]}
 
 
+@pytest.mark.parametrize("fault", ["refused", "died"])
 def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run(drafter, target_dir, tmp_path,
-                                                                                  monkeypatch):
-    """DSpark on a GPU machine whose vLLM falls back to its V1 model runner: the server never starts."""
+                                                                                  monkeypatch, fault):
+    """DSpark on a GPU machine whose vLLM falls back to its V1 model runner: the server never starts. Or it
+    starts and dies on the first drafted request (a kernel fault): before, that failed the family's job and
+    with it the pick, though another family passed."""
     from contextlib import contextmanager
+    from types import SimpleNamespace
 
+    import httpx
+
+    from draftsmith.evaluation import evaluate as ev
     from draftsmith.generation import server
 
     @contextmanager
-    def refusing(spec, log_path):
-        raise server.ServerError("server exited with code 1 before it was ready; ... DSpark needs the V2 runner")
-        yield
+    def serving(spec, log_path):
+        if fault == "refused":
+            raise server.ServerError("server exited with code 1 before it was ready; ... DSpark needs the V2 runner")
+        yield SimpleNamespace(base_url="http://127.0.0.1:9/v1")
 
-    monkeypatch.setattr(server, "managed_server", refusing)
+    async def dying(*args):
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    monkeypatch.setattr(server, "managed_server", serving)
+    monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: {})
+    monkeypatch.setattr(ev, "continue_tokens", dying)
     monkeypatch.setattr(ex, "gate_rows", lambda table, count: [([1, 2, 3], 4)])
     out = run_export_job(tmp_path, target_dir, "eagle3", drafter)
     gate = json.loads((out / "gate.json").read_text())
-    assert gate["passed"] is False and gate["verdict"].startswith("vLLM did not serve the drafter: server exited")
+    assert gate["passed"] is False and gate["verdict"].startswith(
+        "vLLM did not serve the drafter: " + ("ServerError: server exited" if fault == "refused" else
+                                              "RemoteProtocolError: Server disconnected"))

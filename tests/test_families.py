@@ -154,6 +154,18 @@ def test_each_concurrency_names_its_best_setting_and_a_training_free_winner_plai
     assert not any(e["training_free_wins"] for e in only_free) and only_free[1]["best_trained"] is None
 
 
+def test_a_training_free_run_that_measured_nothing_fails_with_each_methods_reason():
+    """Before, every server failing still wrote training_free.md ("nothing measured") and exited 0."""
+    ngram = grid.evaluation("ngram", {(1, 1): (1.05, 1.3)}, trained=False)
+    pick.require_measured({"ngram": ngram}, pick.serving({"ngram": ngram}, [1], "speedup"), "speedup")
+    dead = {"method": "ngram", "trained": False, "cells": [{"drafter": "ngram", "k": 3, "concurrency": 1, "runs": [],
+                                                            "failed": "ServerError: server exited with code 1"}]}
+    suffix = {"method": "suffix", "trained": False, "not_served": "suffix decoding needs arctic-inference", "cells": []}
+    evaluations = {"ngram": dead, "suffix": suffix}
+    with pytest.raises(pick.NothingToPick, match=r"ngram: ServerError: server exited.*suffix: suffix decoding needs"):
+        pick.require_measured(evaluations, pick.serving(evaluations, [1], "speedup"), "speedup")
+
+
 def test_a_family_not_served_here_or_failed_is_left_out_with_its_reason():
     dspark = {"method": "dspark", "trained": True, "not_served": families.not_served_here("dspark", on_gpus=False),
               "cells": []}

@@ -245,13 +245,19 @@ class Grid:
 SERVING_FAILURES = (ServerError, RequestFailed, httpx.HTTPError)
 
 
+class BaselineFailed(ServerError):
+    """The target alone could not be measured: a fault of the machine or the engine, not of any method, so
+    nothing is recorded and the next run measures the method again."""
+
+
 def measure_method(grid: Grid, model: str, baseline_server: Callable[[], AbstractContextManager],
                    cells: dict[tuple[str, int], Callable[[], AbstractContextManager]]) -> dict:
     """The target alone (``baseline_server``) at every point of ``grid``, then each ``(drafter label, draft
     length)`` of ``cells`` on its own server at the same points, in this order, one server at a time:
     every cell's speed-up divides by the baseline measured in this same window. A server that fails
-    (:data:`SERVING_FAILURES`) fails its cells, recorded with why, and the others are still measured; a
-    baseline that fails leaves nothing to divide by: the method is ``failed``."""
+    (:data:`SERVING_FAILURES`) fails its cells, recorded with why (a drafter can crash its server), and
+    the others are still measured. A baseline that fails leaves nothing to divide by and says nothing of
+    the method: :class:`BaselineFailed`, the job fails and a rerun measures the method again."""
     window = [time.time(), None]
     starts: list[float] = []
 
@@ -270,9 +276,8 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
                 baseline[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
                                       grid.seeded, c, grid.engine, drafting=False)
     except SERVING_FAILURES as err:
-        log.error("the target alone: %s", failure_of(err))
-        return {"failed": f"the target alone could not be measured: {failure_of(err)}", "baseline": [], "cells": [],
-                "window": [window[0], time.time()], "server_start_s": starts}
+        raise BaselineFailed(f"the target alone could not be measured, so no speed-up can be: {failure_of(err)}; "
+                             "nothing is recorded, a rerun measures it again") from err
     measured = []
     for (label, k), server in cells.items():
         done = []

@@ -90,6 +90,22 @@ def serving(evaluations: dict[str, dict], concurrencies: list[int], pick_by: str
     return out
 
 
+def require_measured(evaluations: dict[str, dict], serving: list[dict], pick_by: str) -> None:
+    """Refuse a side-by-side in which no method has a figure at any concurrency (every server failed, or
+    every method was left out): written as "nothing measured", the job would end as a success."""
+    if any(entry["best"] for entry in serving):
+        return
+    why = "; ".join(f"{method}: {unmeasured(evaluation, pick_by)}" for method, evaluation in evaluations.items())
+    raise NothingToPick(f"no method has a measured {FIGURES[pick_by]} at any concurrency ({why})")
+
+
+def unmeasured(evaluation: dict, pick_by: str) -> str:
+    """Why a method has no figure: left out, or its cells' first failure."""
+    cells = [c["failed"] for c in evaluation.get("cells", []) if c.get("failed")]
+    return (evaluation.get("not_served") or evaluation.get("failed") or (cells[0] if cells else None)
+            or f"no {FIGURES[pick_by]} measured")
+
+
 def summary(family: str, evaluation: dict, training: dict, drafter_bytes: int, pick_by: str, pick_at: int) -> dict:
     """One trained family's row of the side-by-side: its best cell at ``pick_at`` (or why it has none),
     training time and size."""
