@@ -79,15 +79,23 @@ def test_the_transformers_backend_computes_on_the_jobs_accelerator(target_dir, m
 def test_extraction_keeps_only_the_stored_layers_of_a_batch(target_dir, monkeypatch):
     """output_hidden_states kept every layer's output of a batch until the pass ended: ~6.7 GiB for a
     61-layer, 7,168-wide target at batch_tokens 8,192. The stored layers are copied out by hooks into
-    one buffer instead, and the code's own accounting says what that buffer takes."""
+    one buffer instead, and the code's own accounting says what that buffer takes. Nor is a KV cache
+    built: the model's default use_cache kept every layer's keys and values of the batch (~1.1 GiB at
+    36 layers x 8 KV heads x 128 at 8,192 tokens, tens of GiB for DeepSeek-V3's 128 heads)."""
     from transformers import AutoModelForCausalLM
 
-    load, asked = AutoModelForCausalLM.from_pretrained, []
+    load, asked, caches = AutoModelForCausalLM.from_pretrained, [], []
 
     def loaded(*args, **kwargs):
         model = load(*args, **kwargs)
         forward = model.model.forward
-        model.model.forward = lambda *a, **kw: asked.append(kw.get("output_hidden_states")) or forward(*a, **kw)
+
+        def recorded(*a, **kw):
+            asked.append(kw.get("output_hidden_states"))
+            out = forward(*a, **kw)
+            caches.append(out.past_key_values)
+            return out
+        model.model.forward = recorded
         return model
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", loaded)
@@ -98,6 +106,7 @@ def test_extraction_keeps_only_the_stored_layers_of_a_batch(target_dir, monkeypa
 
     hs.extract_transformers(str(target_dir), list(enumerate(ROWS)), Keep(), [2, 15, 27], threads=1)
     assert asked and not any(asked)
+    assert caches == [None] * len(asked)
     assert hs.batch_states_bytes(8192, 7168, 4) / 2**30 == pytest.approx(0.4375)
 
 

@@ -119,10 +119,10 @@ def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writ
     accelerator where it has one: :func:`draftsmith.core.compute.device`), rows batched up to
     ``batch_tokens`` (:func:`batches`). Rows are right-padded: attention is causal, so a row's
     states never see the padding after it. Only the stored layers are kept (:func:`capture_layers`,
-    :func:`batch_states_bytes`). The writer takes each row's states from the device without waiting
-    for them (:mod:`draftsmith.hidden_states.store`), so the next batch computes while the last one is
-    stored. One device holds the whole target: a target larger than one GPU is what the vLLM backend
-    (tensor parallel) is for."""
+    :func:`batch_states_bytes`); no KV cache is built. The writer takes each row's states from the
+    device without waiting for them (:mod:`draftsmith.hidden_states.store`), so the next batch computes
+    while the last one is stored. One device holds the whole target: a target larger than one GPU is
+    what the vLLM backend (tensor parallel) is for."""
     from transformers import AutoModelForCausalLM
 
     from draftsmith.core.compute import device as job_device
@@ -145,7 +145,7 @@ def extract_transformers(model_dir: str, todo: list[tuple[int, list[int]]], writ
                 for b, (_, tokens) in enumerate(batch):
                     ids[b, :len(tokens)] = torch.tensor(tokens)
                 stacked = new_buffer(len(batch), longest)
-                model.model(input_ids=ids.to(device))
+                model.model(input_ids=ids.to(device), use_cache=False)  # a cache would hold every layer's K/V
                 for b, (row, tokens) in enumerate(batch):
                     writer.write(row, stacked[b, :len(tokens)], ids[b, :len(tokens)])
                 bar.update(sum(len(tokens) for _, tokens in batch))
