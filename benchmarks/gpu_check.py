@@ -22,6 +22,8 @@ GPU memory to ``gpu_check.json``:
    8,192, 3 test-time steps) on the Qwen3-8B-wide states, compiled (FlexAttention) and not (sdpa);
 6. ``export``: every trained family's export, loaded back; whether EAGLE-3's trained draft head moved.
 
+They run in the order of :data:`STEPS` (riskiest first), not of this list.
+
 ``--cpu`` runs the same steps on the CPU with small sizes (CI does, with vLLM not importable), so
 the check cannot rot; there the fused loss and compilation are not run (Triton GPU kernels; speculators
 compiles only on CUDA). The script exits 1 when a step that ran broke; each step's error is in the JSON.
@@ -50,14 +52,17 @@ SIZES = {
 }
 AUX_LAYERS = [1, 2, 3]
 # No step starts once the check has run this long: with the last step's limit and the machine's own start,
-# the lent GPU's 6 minutes. The export comes before the steps a short budget may leave out.
+# the lent GPU's 6 minutes. The riskiest paths go first, so that a slow step (a first compilation can take
+# its whole limit) leaves out the least: the uncompiled user-length step (FlexAttention uncompiled would
+# hold every score there), then the block families' probes and training, EAGLE-3 as the probe chooses, the
+# export, the compiled user-length step and speculators' own loop.
 BUDGET_S = {"gpu": 210, "cpu": 1500}
 # (step, the steps it needs, time limit in seconds on a GPU / on a CPU)
 STEPS = [("extract_small", (), 60, 300), ("extract_large", (), 60, 300), ("probe", (), 60, 120),
-         ("train_eagle3", ("extract_small",), 100, 400), ("train_dflash", ("extract_small",), 80, 400),
-         ("train_dspark", ("extract_small",), 80, 400), ("export", (), 40, 120),
-         ("speculators_loop", ("extract_small",), 60, 400), ("train_long_compiled", ("extract_large",), 100, 60),
-         ("train_long_uncompiled", ("extract_large",), 60, 400)]
+         ("train_long_uncompiled", ("extract_large",), 60, 400), ("train_dflash", ("extract_small",), 80, 400),
+         ("train_dspark", ("extract_small",), 80, 400), ("train_eagle3", ("extract_small",), 100, 400),
+         ("export", (), 40, 120), ("train_long_compiled", ("extract_large",), 100, 60),
+         ("speculators_loop", ("extract_small",), 60, 400)]
 TRAINED = ("train_eagle3", "train_dflash", "train_dspark")  # the steps whose checkpoints the export takes
 MASK_TOKEN = 1  # below the check's token ids (10 and up): never in the data, as a block drafter's mask must be
 
