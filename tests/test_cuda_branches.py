@@ -114,6 +114,14 @@ def test_the_pinned_pool_hands_out_blocks_within_its_bound_and_in_order():
     assert wrapped > 10 and pool.peak <= pool.capacity and not pool.live
 
 
+def test_the_writer_sleeps_on_a_cuda_copy_instead_of_spinning():
+    """A default CUDA event's synchronize() spins a host core until the copy ends, once per row."""
+    from draftsmith.core import platform
+
+    assert platform.staging_event_options("cuda:3") == {"blocking": True}
+    assert platform.staging_event_options("cpu") == {}
+
+
 def test_rows_from_a_gpu_go_through_the_pool_and_are_stored_as_computed(tmp_path, monkeypatch):
     """The staging a CUDA row takes (pinned block, copy, event, release after the write), run on this
     CPU with the pool unpinned: rows of mixed lengths, some larger than the whole pool."""

@@ -41,3 +41,9 @@ def pinned_staging(device: str) -> bool:
     """Whether rows computed on ``device`` go to the shard writer through page-locked host memory, copied
     without waiting (the writer waits on an event): on a CUDA GPU. A CPU's tensors are already on the host."""
     return is_cuda(device)
+
+
+def staging_event_options(device: str) -> dict:
+    """How the event after a row's pinned copies is made: on CUDA a blocking one, so the shard writer's
+    thread sleeps until the copy is done instead of spinning a host core on every row."""
+    return {"blocking": True} if is_cuda(device) else {}

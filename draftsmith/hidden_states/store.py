@@ -527,7 +527,8 @@ class _Staged:
                     host.copy_(tensor, non_blocking=True)
                     self.tensors[name] = host
                     offset += size
-                self.event = getattr(torch, next(iter(staged.values())).device.type).Event()
+                device = next(iter(staged.values())).device.type
+                self.event = getattr(torch, device).Event(**platform.staging_event_options(device))
                 self.event.record()  # after the copies, on the stream that computed the states
         self.nbytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
 
