@@ -176,3 +176,21 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
     assert "**Here n-gram, which needs no drafter, beat every trained drafter**" in text
     assert ('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "prompt_lookup_max": 4}' in text)
     assert "the speed-ups that matter come from your GPUs" in text
+
+
+def test_a_suffix_winner_is_recommended_as_it_was_measured_without_its_tree_of_earlier_answers():
+    """The grid sends each prompt more than once: with vLLM's default tree of earlier answers, suffix
+    decoding at T=0 drafted the very answer it had given before. The card's command is the setting measured."""
+    from draftsmith.evaluation.model_card import CardInputs, card
+
+    suffix = grid.evaluation("suffix", {(3, 2): (0.7, 1.2), (3, 8): (1.2, 1.5)}, trained=False)
+    text = card(CardInputs(base_model="b/m", config_digest="0", datasets={},
+                           results=results_of({"eagle3": EAGLE3, "suffix": suffix}), training=TRAINING, merge=MERGE,
+                           prompts=PROMPTS, drafter_config={}, sglang_reason=None, train_config={
+                               "num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001,
+                               "optimizer": "muon", "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0,
+                               "total_seq_len": 1024, "loss_fn": "lk_hybrid", "train_lm_head": True}))
+    assert "**Here suffix decoding, which needs no drafter, beat every trained drafter**" in text
+    assert ('{"method": "suffix", "num_speculative_tokens": 3, "suffix_decoding_max_cached_requests": 0}'
+            in text)
+    assert "measured without its tree of earlier answers" in text

@@ -115,6 +115,11 @@ def test_each_engine_gets_its_own_flags_in_evaluation_and_generation(tmp_path):
                                                                            "prompt_lookup_max": 4}}).command(1)
     assert json.loads(vllm[vllm.index("--speculative-config") + 1]) == {
         "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    # Suffix decoding without its tree of earlier answers: the grid sends each prompt more than once, and
+    # an earlier answer to the same prompt would be drafted as if predicted.
+    vllm = server_spec("vllm", target, server, "suffix", 3, None, {}).command(1)
+    assert json.loads(vllm[vllm.index("--speculative-config") + 1]) == {
+        "method": "suffix", "num_speculative_tokens": 3, "suffix_decoding_max_cached_requests": 0}
     generation = generation_spec(target, server, {"engine": "sglang", "extra_args": None, "env": {}}).command(1)
     assert generation[generation.index("--tp") + 1] == "8" and "--tensor-parallel-size" not in generation
 

@@ -102,6 +102,11 @@ def serving(inputs: CardInputs) -> list[str]:
                       "step). Serve it instead at this concurrency:", "", "```bash",
                       _vllm(inputs.base_model, speculative_config(best["method"], best["k"], results)), "```",
                       ""]
+            if best["method"] == "suffix":
+                lines += ["Suffix decoding was measured without its tree of earlier answers "
+                          "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "
+                          "once, and an earlier answer to the same prompt would count as drafted. On traffic that "
+                          "repeats itself, vLLM's default (10,000 earlier answers) may accept more.", ""]
     if inputs.sglang_reason is not None:
         lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason})."]
     if not evaluation.get("cells"):
