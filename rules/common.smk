@@ -46,9 +46,6 @@ BASE_MODEL = config["target"]["base_model"] or (
     TARGET.source if TARGET.kind == "hub" else TARGET.name
 )
 CONFIG_DIGEST = json_digest(RESULT, 16)
-# What every method's measurement depends on (the grid); each method adds its own settings
-# (method_evaluation), and the pick's own keys (pick_by, pick_at, training_free) enter no measurement.
-GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency")
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
 
@@ -208,19 +205,7 @@ def family_pretrained_input(wildcards):
 
 
 def method_evaluation(wildcards):
-    """The evaluation settings one method's measurement depends on: the grid, and its own draft lengths
-    (EAGLE-3 and the training-free methods; a block family drafts its trained block) and settings.
-    """
-    evaluation = RESULT["evaluation"]
-    own = {k: evaluation[k] for k in GRID_KEYS}
-    if (
-        wildcards.method == drafter_families.DEFAULT_FAMILY
-        or wildcards.method in TRAINING_FREE
-    ):
-        own["num_speculative_tokens"] = evaluation["num_speculative_tokens"]
-    if wildcards.method == "ngram":
-        own["ngram"] = evaluation["ngram"]
-    return own
+    return serving_methods.measurement_settings(wildcards.method, RESULT["evaluation"])
 
 
 def evaluation_inputs(wildcards):

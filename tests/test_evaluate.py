@@ -139,3 +139,30 @@ def test_a_server_that_fails_fails_its_cells_not_the_grid(monkeypatch):
     assert "failed" not in measured
     with pytest.raises(ev.BaselineFailed, match=r"the target alone could not be measured.*ServerError.*rerun"):
         ev.measure_method(grid, "m", server("baseline", fails=True), {("finetuned", 3): server("k3")})
+    # A request the server refused (4xx) is draftsmith's fault or the config's: raised, never recorded.
+    refused = httpx.Response(400, request=httpx.Request("POST", "http://x/v1/completions"))
+
+    def refusing(base_url, *args, **kwargs):
+        if base_url == "k3":
+            raise httpx.HTTPStatusError("400 Bad Request", request=refused.request, response=refused)
+        return runs_at(base_url, *args, **kwargs)
+
+    monkeypatch.setattr(ev, "runs_at", refusing)
+    with pytest.raises(httpx.HTTPStatusError):
+        ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")})
+
+
+def test_a_method_is_measured_again_when_its_own_settings_or_how_it_is_served_change():
+    """The evaluate job's params: the grid, the method's own settings, and how it is served. A suffix
+    measurement made with vLLM's tree of earlier answers (at T=0 it drafted the answer it had given to the
+    same prompt before) is measured again; the pick's keys rerun no measurement."""
+    from draftsmith.config.load import validate_config
+    from draftsmith.evaluation.methods import measurement_settings
+    from tests.test_config import MINIMAL
+
+    evaluation = validate_config(MINIMAL)["evaluation"]
+    dflash, eagle3 = measurement_settings("dflash", evaluation), measurement_settings("eagle3", evaluation)
+    assert "num_speculative_tokens" not in dflash and eagle3["num_speculative_tokens"] == [3]
+    assert measurement_settings("ngram", evaluation)["ngram"] == {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert measurement_settings("suffix", evaluation)["suffix"] == {"suffix_decoding_max_cached_requests": 0}
+    assert not {"pick_by", "pick_at", "training_free"} & set(eagle3)

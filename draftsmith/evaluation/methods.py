@@ -85,6 +85,25 @@ def speculative_config(method: str, k: int, evaluation: dict, drafter: str | Non
     raise ValueError(f"unknown serving method {method!r}")
 
 
+# What every method's measurement depends on (the grid); each method adds its own settings, and the pick's
+# own keys (pick_by, pick_at, training_free) enter no measurement.
+GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency")
+
+
+def measurement_settings(method: str, evaluation: dict) -> dict:
+    """The evaluation settings ``method``'s measurement depends on (its job's params: a change reruns that
+    method alone): the grid, its draft lengths (EAGLE-3 and the training-free methods; a block family
+    drafts its trained block) and how it is served."""
+    own = {key: evaluation[key] for key in GRID_KEYS}
+    if method == families.DEFAULT_FAMILY or method in TRAINING_FREE:
+        own["num_speculative_tokens"] = evaluation["num_speculative_tokens"]
+    if method == "ngram":
+        own["ngram"] = evaluation["ngram"]
+    if method == "suffix":  # a measurement made with its tree of earlier answers is measured again
+        own["suffix"] = SUFFIX_MEASURED
+    return own
+
+
 def not_measured(method: str, on_gpus: bool, gate: dict | None) -> dict:
     """Why a trained family is not measured (``{"not_served": why}`` where the engine here cannot serve it,
     ``{"failed": verdict}`` where its export or gate failed), or ``{}``. A failed family is left out of
