@@ -71,6 +71,8 @@ def main() -> None:
             asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
             acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
     except ev.SERVING_FAILURES as err:  # would not start (DSpark on vLLM's V1 runner) or died drafting
+        if ev.our_fault(err):
+            raise
         failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
     passed, verdict = ex.gate_verdict(acceptance, expected)

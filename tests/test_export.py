@@ -264,12 +264,13 @@ def test_a_family_whose_export_is_refused_is_recorded_and_does_not_fail_the_run(
     assert methods.not_measured("dflash", False, gate) == {"failed": gate["verdict"]}
 
 
-@pytest.mark.parametrize("fault", ["refused", "died"])
+@pytest.mark.parametrize("fault", ["refused", "died", "rejected"])
 def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run(drafter, target_dir, tmp_path,
                                                                                   monkeypatch, fault):
     """DSpark on a GPU machine whose vLLM falls back to its V1 model runner: the server never starts. Or it
     starts and dies on the first drafted request (a kernel fault): before, that failed the family's job and
-    with it the pick, though another family passed."""
+    with it the pick, though another family passed. A request the server rejects (4xx) is draftsmith's
+    fault, not the drafter's: the job fails, and a rerun gates it again."""
     from contextlib import contextmanager
     from types import SimpleNamespace
 
@@ -285,12 +286,20 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
         yield SimpleNamespace(base_url="http://127.0.0.1:9/v1")
 
     async def dying(*args):
+        if fault == "rejected":
+            response = httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1:9/v1/completions"))
+            raise httpx.HTTPStatusError("400 Bad Request", request=response.request, response=response)
         raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
 
     monkeypatch.setattr(server, "managed_server", serving)
     monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: {})
     monkeypatch.setattr(ev, "continue_tokens", dying)
     monkeypatch.setattr(ex, "gate_rows", lambda table, count: [([1, 2, 3], 4)])
+    if fault == "rejected":
+        with pytest.raises(SystemExit):
+            run_export_job(tmp_path, target_dir, "eagle3", drafter)
+        assert not (tmp_path / "drafters" / "eagle3" / "gate.json").exists()
+        return
     out = run_export_job(tmp_path, target_dir, "eagle3", drafter)
     gate = json.loads((out / "gate.json").read_text())
     assert gate["passed"] is False and gate["verdict"].startswith(

@@ -245,6 +245,12 @@ class Grid:
 SERVING_FAILURES = (ServerError, RequestFailed, httpx.HTTPError)
 
 
+def our_fault(err: Exception) -> bool:
+    """A 4xx answer: the request draftsmith built was refused (a row past max_model_len, a bad setting), a
+    fault to raise, never a verdict on the method to record."""
+    return isinstance(err, httpx.HTTPStatusError) and err.response.status_code < 500
+
+
 class BaselineFailed(ServerError):
     """The target alone could not be measured: a fault of the machine or the engine, not of any method, so
     nothing is recorded and the next run measures the method again."""
@@ -292,6 +298,8 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
                             if base["output_tok_s"] and run["output_tok_s"] else None
                     done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
         except SERVING_FAILURES as err:
+            if our_fault(err):
+                raise
             log.error("%s k=%d: %s", label, k, failure_of(err))
             done += [{"drafter": label, "k": k, "concurrency": c, "runs": [], "failed": failure_of(err)}
                      for c in grid.concurrencies[len(done):]]

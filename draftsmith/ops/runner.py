@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
 from draftsmith.config.load import ConfigError
 from draftsmith.config.target import Target, resolve
 from draftsmith.generation.client import RequestFailed
@@ -23,7 +25,7 @@ from draftsmith.hidden_states.extract import ExtractionFailed
 from draftsmith.ops import devices, spent
 from draftsmith.training.train import TrainingInterrupted
 
-USER_ERRORS = (ValueError, FileNotFoundError, OSError, ServerError, RequestFailed, ConfigError,
+USER_ERRORS = (ValueError, FileNotFoundError, OSError, ServerError, RequestFailed, httpx.HTTPStatusError, ConfigError,
                GenerationInterrupted, GenerationFailed, ExtractionFailed, TrainingInterrupted, KeyboardInterrupt)
 
 
