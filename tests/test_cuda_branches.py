@@ -114,12 +114,34 @@ def test_the_pinned_pool_hands_out_blocks_within_its_bound_and_in_order():
     assert wrapped > 10 and pool.peak <= pool.capacity and not pool.live
 
 
-def test_the_writer_sleeps_on_a_cuda_copy_instead_of_spinning():
-    """A default CUDA event's synchronize() spins a host core until the copy ends, once per row."""
+def test_the_writer_sleeps_on_a_cuda_copy_instead_of_spinning(monkeypatch):
+    """A default CUDA event's synchronize() spins a host core until the copy ends, once per row: the
+    staging makes its event with the device's options (here the CPU stands in for CUDA)."""
     from draftsmith.core import platform
+    from draftsmith.hidden_states import store
 
     assert platform.staging_event_options("cuda:3") == {"blocking": True}
     assert platform.staging_event_options("cpu") == {}
+    made = []
+
+    class Event:
+        def __init__(self, **options):
+            made.append(options)
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            made.append("waited")
+
+    monkeypatch.setattr(store.platform, "pinned_staging", lambda device: True)
+    options = platform.staging_event_options
+    monkeypatch.setattr(store.platform, "staging_event_options", lambda device: options("cuda"))
+    monkeypatch.setattr(torch.cpu, "Event", Event)
+    staged = store._Staged({"hidden_states": torch.ones(2, 3)}, lambda: store.PinnedPool(4096, pin=False))
+    assert torch.equal(staged.on_host()["hidden_states"], torch.ones(2, 3))
+    assert made == [{"blocking": True}, "waited"]
+    staged.release()
 
 
 def test_rows_from_a_gpu_go_through_the_pool_and_are_stored_as_computed(tmp_path, monkeypatch):
