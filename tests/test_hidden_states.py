@@ -64,9 +64,14 @@ def test_transformers_backend_writes_the_layout_speculators_reads(target_dir, ta
 def test_the_transformers_backend_computes_on_the_jobs_accelerator(target_dir, monkeypatch):
     """On a GPU machine the model and every row go to the GPU (the job's device): before, it computed
     on the CPU beside an idle GPU. Shown with torch's meta device standing in for the accelerator."""
+    from transformers import masking_utils
+
     from draftsmith.core import compute
 
     monkeypatch.setattr(compute, "device", lambda: "meta")
+    # Without a KV cache, transformers reads the position ids for packed sequences (one value per batch:
+    # a sync on a GPU); the meta device has no values to read. Right-padded rows are never packed.
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     seen = []
 
     class Recorder:
