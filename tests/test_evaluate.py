@@ -139,17 +139,26 @@ def test_a_server_that_fails_fails_its_cells_not_the_grid(monkeypatch):
     assert "failed" not in measured
     with pytest.raises(ev.BaselineFailed, match=r"the target alone could not be measured.*ServerError.*rerun"):
         ev.measure_method(grid, "m", server("baseline", fails=True), {("finetuned", 3): server("k3")})
-    # A request the server refused (4xx) is draftsmith's fault or the config's: raised, never recorded.
-    refused = httpx.Response(400, request=httpx.Request("POST", "http://x/v1/completions"))
+    # A request the server refused (4xx, as the grid's client raises it) is draftsmith's fault or the
+    # config's: raised, never recorded. A server error (5xx) after the client's retries is the server's.
+    from draftsmith.generation.client import RequestFailed
 
-    def refusing(base_url, *args, **kwargs):
-        if base_url == "k3":
-            raise httpx.HTTPStatusError("400 Bad Request", request=refused.request, response=refused)
-        return runs_at(base_url, *args, **kwargs)
+    def refusing(status):
+        def runs(base_url, *args, **kwargs):
+            if base_url == "k3":
+                raise RequestFailed(f"http_{status}", "This model's maximum context length is 2048 tokens", 0)
+            return runs_at(base_url, *args, **kwargs)
+        return runs
 
-    monkeypatch.setattr(ev, "runs_at", refusing)
-    with pytest.raises(httpx.HTTPStatusError):
+    monkeypatch.setattr(ev, "runs_at", refusing(400))
+    with pytest.raises(RequestFailed, match="http_400"):
         ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")})
+    monkeypatch.setattr(ev, "runs_at", refusing(500))
+    failed = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")})["cells"][0]
+    assert failed["failed"].startswith("RequestFailed: http_500")
+    assert ev.our_fault(httpx.HTTPStatusError("", request=httpx.Request("POST", "http://x"),
+                                              response=httpx.Response(422, request=httpx.Request("POST", "http://x"))))
+    assert not ev.our_fault(RequestFailed("http_429", "busy", 5)) and not ev.our_fault(RequestFailed("timeout", "", 5))
 
 
 def test_a_method_is_measured_again_when_its_own_settings_or_how_it_is_served_change():

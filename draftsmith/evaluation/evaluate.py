@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from draftsmith.config.target import Target
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation import methods
-from draftsmith.generation.client import ChatClient, RequestFailed, RetryPolicy
+from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, RequestFailed, RetryPolicy
 from draftsmith.generation.server import ServerError
 from draftsmith.training import families
 
@@ -246,9 +246,16 @@ SERVING_FAILURES = (ServerError, RequestFailed, httpx.HTTPError)
 
 
 def our_fault(err: Exception) -> bool:
-    """A 4xx answer: the request draftsmith built was refused (a row past max_model_len, a bad setting), a
-    fault to raise, never a verdict on the method to record."""
-    return isinstance(err, httpx.HTTPStatusError) and err.response.status_code < 500
+    """A 4xx answer (other than the retried ones: busy, timed out): the request draftsmith built was refused
+    (a row past max_model_len, a bad setting), a fault to raise, never a verdict on the method to record.
+    The gate's raw request raises httpx's error; the grid's client a ``RequestFailed("http_400", ...)``."""
+    if isinstance(err, httpx.HTTPStatusError):
+        status = err.response.status_code
+    elif isinstance(err, RequestFailed) and err.error_class.startswith("http_"):
+        status = int(err.error_class.removeprefix("http_"))
+    else:
+        return False
+    return 400 <= status < 500 and status not in RETRYABLE_STATUS
 
 
 class BaselineFailed(ServerError):
@@ -282,6 +289,8 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
                 baseline[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
                                       grid.seeded, c, grid.engine, drafting=False)
     except SERVING_FAILURES as err:
+        if our_fault(err):
+            raise
         raise BaselineFailed(f"the target alone could not be measured, so no speed-up can be: {failure_of(err)}; "
                              "nothing is recorded, a rerun measures it again") from err
     measured = []

@@ -6,7 +6,8 @@ training-free speculation that needs no data run at all.
   trained block (its length is fixed at training).
 - **Training-free** (``evaluation.training_free``): vLLM's n-gram prompt lookup (``ngram``: a draft where
   the last tokens occurred before in the prompt or the answer) and suffix decoding (``suffix``: a
-  suffix tree of the prompt, the answer and earlier answers, from the ``arctic-inference`` package),
+  suffix tree of the prompt and the answer so far, from the ``arctic-inference`` package; its tree of
+  earlier answers is off, :data:`SUFFIX_MEASURED`),
   at the same draft lengths as EAGLE-3. Their τ is tokens per target step over all steps: they
   propose only where a match is found, so a step without a draft counts as 1.
 
