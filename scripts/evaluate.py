@@ -41,11 +41,11 @@ def main() -> None:
         spec = ev.for_measurement(ev.server_spec(cfg["engine"], tgt, server_cfg, label and method, k, drafter, cfg))
         return lambda: managed_server(spec, logs / f"{method}.{f'{label}.k{k}' if label else 'baseline'}.server.log")
 
+    shared = json.loads(Path(sm.input.baseline).read_text()) if sm.input.get("baseline") else None
     measured = ev.measure_method(grid, tgt.model, server(), {
-        (label, k): server(label, k, drafter) for label, drafter in drafters.items() for k in lengths})
+        (label, k): server(label, k, drafter) for label, drafter in drafters.items() for k in lengths}, shared)
     write_json(sm.output.results, {**record, **measured, "drafters": drafters, "draft_lengths": lengths,
-                                   "compute": compute.choose(server_cfg["dtype"]).as_dict(),
-                                   "seeded_sampling": grid.seeded, "on_accelerator": compute.has_accelerator()})
+                                   **ev.machine_record(server_cfg), "seeded_sampling": grid.seeded})
 
 
 if __name__ == "__main__":

@@ -63,16 +63,17 @@ def main() -> None:
     expected = families.first_position_accuracy(chosen)
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
     name, k = ev.drafted_per_step(str(drafter), GATE_CHAIN)
+    started = {}
     try:
         with managed_server(ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter)),
                             Path(sm.log.server)) as server:
+            started["server"] = server
             root = ev.root_of(server.base_url)
             before = ev.scrape_spec_counters(root)
             asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
             acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
-    except ev.SERVING_FAILURES as err:  # would not start (DSpark on vLLM's V1 runner) or died drafting
-        if ev.our_fault(err):
-            raise
+    except ev.SERVING_FAILURES as err:  # refused at start (DSpark on vLLM's V1 runner) or died drafting
+        ev.raise_unless_the_methods(err, f"the {family} gate", ev.exit_code(started.get("server")))
         failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
     passed, verdict = ex.gate_verdict(acceptance, expected)

@@ -175,3 +175,134 @@ def test_a_method_is_measured_again_when_its_own_settings_or_how_it_is_served_ch
     assert measurement_settings("ngram", evaluation)["ngram"] == {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
     assert measurement_settings("suffix", evaluation)["suffix"] == {"suffix_decoding_max_cached_requests": 0}
     assert not {"pick_by", "pick_at", "training_free"} & set(eagle3)
+
+
+def test_a_slow_start_or_a_killed_server_fails_the_job_instead_of_dropping_the_method(monkeypatch):
+    """Only a failure the method causes is recorded as its cells' (the engine refusing the drafter at start,
+    or erroring while drafting). A server that did not come up within server.startup_timeout_s (a shared
+    filesystem at 3600 s), or that a signal ended (the OOM killer) before or while serving, was recorded too,
+    and no rerun measured the method again: the pick took another family for good."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    import httpx
+
+    from draftsmith.data.datasets import Prompt
+    from draftsmith.generation.server import ServerExited, StartupTimeout
+
+    def server(name, fails=None, exit_code=None):
+        @contextmanager
+        def started():
+            if fails:
+                raise fails
+            yield SimpleNamespace(base_url=name, proc=SimpleNamespace(poll=lambda: exit_code))
+        return started
+
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting):
+        if base_url == "dies":
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0}]
+
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "runs_at", runs_at)
+    grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2], False, "vllm")
+    for fault in (StartupTimeout("server not healthy after 3600 s"), ServerExited("exited with code -9", -9),
+                  ServerExited("exited with code 137", 137)):
+        with pytest.raises(ev.NotTheMethod, match="nothing is recorded, a rerun measures it again"):
+            ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3", fails=fault)})
+    with pytest.raises(ev.NotTheMethod, match="a signal ended the server"):  # killed while drafting
+        ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("dies", exit_code=-9)})
+    # the engine refusing the drafter, or dying of an error while drafting: the method's, recorded
+    refused = ev.measure_method(grid, "m", server("baseline"), {
+        ("finetuned", 3): server("k3", fails=ServerExited("server exited with code 1 before it was ready", 1)),
+        ("finetuned", 5): server("dies", exit_code=1)})["cells"]
+    assert refused[0]["failed"].startswith("ServerExited: server exited with code 1")
+    assert refused[1]["failed"].startswith("RemoteProtocolError")
+
+
+def test_on_gpus_the_target_alone_is_measured_once_for_the_whole_grid(monkeypatch):
+    """Every method's job started the target alone again for its baseline: on GPUs measured one at a time
+    that is the same number again, at a server start each (most of an hour for a 1T target). Where the
+    platform says so, the job divides by the grid's one baseline and starts no server of its own for it."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from draftsmith.core import platform
+    from draftsmith.data.datasets import Prompt
+
+    assert platform.baseline_once_per_grid("cuda") and platform.baseline_once_per_grid("cuda:1")
+    assert not platform.baseline_once_per_grid("cpu")
+    started = []
+
+    def server(name):
+        @contextmanager
+        def start():
+            started.append(name)
+            yield SimpleNamespace(base_url=name)
+        return start
+
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "runs_at", lambda base_url, *args, **kwargs: [
+        {"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 60.0}])
+    grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2], False, "vllm")
+    shared = {"baseline": [{"concurrency": 2, "runs": [{"set": "held", "temperature": 0.0, "output_tok_s": 40.0}]}],
+              "window": [0.0, 1.0], "server_start_s": [30.0]}
+    measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")}, shared)
+    assert started == ["k3"] and measured["baseline_shared"] and measured["server_start_s"] != [30.0, 30.0]
+    assert measured["cells"][0]["runs"][0]["speedup"] == 1.5
+
+
+def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full_batch():
+    """A set of 12 prompts measured "at 16" never held 16 requests: one slot per prompt, draining to one at
+    the end of every set, the ramp and the drain timed. A set is now sent as at least two rounds of its
+    concurrency, and the in-flight mean is what the label promises."""
+    assert ev.requests_for(12, 16) == 32 and ev.requests_for(80, 1) == 80 and ev.requests_for(80, 64) == 128
+    # two requests over [0, 10]: one all through, one from 5 to past the end
+    assert ev.mean_in_flight([(0.0, 10.0), (5.0, None)], 0.0, 10.0) == pytest.approx(1.5)
+    assert ev.mean_in_flight([(-1.0, 4.0), (2.0, 12.0)], 0.0, 10.0) == pytest.approx(1.2)
+    run = ev.SetRun(prompts=12, concurrency=16, sent=32, completed=17, output_tokens=900, window_s=3.0, in_flight=14.0)
+    assert not run.held and run.as_dict()["repeats"] == 2.67
+    assert ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).held
+
+
+def test_sglang_figures_are_each_cells_own_from_per_request_counts():
+    """SGLang's avg_spec_accept_length is a mean since the server started: every cell after the first carried
+    the ones before it. Its chat answers carry each request's target steps (meta_info.spec_verify_ct, asked
+    with return_meta_info), and a cell's tokens per step is its own requests' tokens over their steps."""
+    from draftsmith.generation.client import ChatClient
+
+    answer = {"choices": [{"message": {"content": "x"}, "finish_reason": "length",
+                           "meta_info": {"spec_verify_ct": 12, "completion_tokens": 30}}],
+              "usage": {"prompt_tokens": 5, "completion_tokens": 30}}
+    assert ChatClient._parse(answer, 1).verify_steps == 12
+    assert ChatClient._parse({**answer, "choices": [{"message": {"content": "x"}}]}, 1).verify_steps is None
+    run = ev.SetRun(4, 2, 4, 3, 100, 2.0, 2.0, verify_steps=40, completed_tokens=90)
+    assert ev.per_request_acceptance(run)["tokens_per_step"] == 90 / 40
+    from draftsmith.generation.server import ServerSpec
+
+    spec = ev.for_measurement(ServerSpec(model="m", engine="sglang"))
+    assert "--enable-metrics" in spec.extra_args and "--disable-radix-cache" in spec.extra_args
+    counted = ev.parse_counters("# TYPE sglang:generation_tokens_total counter\n"
+                                "sglang:generation_tokens_total{model_name=\"m\"} 321.0\n"
+                                "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"m\"} 2.0\n",
+                                "sglang")
+    assert counted == {"generated": 321.0, "running": 2.0}
+
+
+def test_the_preflight_names_a_set_that_cannot_fill_a_concurrency_and_what_is_done_about_it(tmp_path):
+    """[1, 16, 64] on a 12-prompt set: before, the preflight said nothing and the cells labelled 16 and 64
+    held at most 12 requests."""
+    import json
+
+    from draftsmith.config.load import validate_config
+    from draftsmith.ops import preflight
+    from tests.test_config import MINIMAL
+
+    (tmp_path / "held.jsonl").write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"question {i}"}) + "\n"
+                                                 for i in range(12)))
+    config = validate_config({**MINIMAL, "evaluation": {"prompt_sets": {"held": {"source": "held.jsonl"}},
+                                                        "concurrency": [1, 16, 64]}})
+    notices = [n for n in preflight.notices(config, tmp_path) if n.startswith("evaluation.prompt_sets")]
+    assert notices == ["evaluation.prompt_sets.held has 12 prompts: at concurrency 16 they are sent 2.7x, 64 they "
+                       "are sent 10.7x (cycled in order, each window timed while the concurrency is held); a set of "
+                       "at least 128 prompts would measure distinct ones"]

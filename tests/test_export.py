@@ -264,13 +264,15 @@ def test_a_family_whose_export_is_refused_is_recorded_and_does_not_fail_the_run(
     assert methods.not_measured("dflash", False, gate) == {"failed": gate["verdict"]}
 
 
-@pytest.mark.parametrize("fault", ["refused", "died", "rejected"])
+@pytest.mark.parametrize("fault", ["refused", "died", "rejected", "slow", "oom_killed", "killed_drafting"])
 def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run(drafter, target_dir, tmp_path,
                                                                                   monkeypatch, fault):
     """DSpark on a GPU machine whose vLLM falls back to its V1 model runner: the server never starts. Or it
     starts and dies on the first drafted request (a kernel fault): before, that failed the family's job and
     with it the pick, though another family passed. A request the server rejects (4xx) is draftsmith's
-    fault, not the drafter's: the job fails, and a rerun gates it again."""
+    fault, not the drafter's: the job fails, and a rerun gates it again. So is a server that did not come up
+    in time (a slow shared filesystem) or that a signal ended (the OOM killer), at start or while drafting:
+    recorded, they dropped the family for good."""
     from contextlib import contextmanager
     from types import SimpleNamespace
 
@@ -282,8 +284,14 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
     @contextmanager
     def serving(spec, log_path):
         if fault == "refused":
-            raise server.ServerError("server exited with code 1 before it was ready; ... DSpark needs the V2 runner")
-        yield SimpleNamespace(base_url="http://127.0.0.1:9/v1")
+            raise server.ServerExited("server exited with code 1 before it was ready; ... DSpark needs the V2 runner",
+                                      1)
+        if fault == "slow":
+            raise server.StartupTimeout("server not healthy after 3600 s (server.startup_timeout_s)")
+        if fault == "oom_killed":
+            raise server.ServerExited("server exited with code -9 before it was ready", -9)
+        yield SimpleNamespace(base_url="http://127.0.0.1:9/v1",
+                              proc=SimpleNamespace(poll=lambda: -9 if fault == "killed_drafting" else None))
 
     async def dying(*args):
         if fault == "rejected":
@@ -295,7 +303,7 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
     monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: {})
     monkeypatch.setattr(ev, "continue_tokens", dying)
     monkeypatch.setattr(ex, "gate_rows", lambda table, count: [([1, 2, 3], 4)])
-    if fault == "rejected":
+    if fault in ("rejected", "slow", "oom_killed", "killed_drafting"):
         with pytest.raises(SystemExit):
             run_export_job(tmp_path, target_dir, "eagle3", drafter)
         assert not (tmp_path / "drafters" / "eagle3" / "gate.json").exists()
@@ -303,5 +311,5 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
     out = run_export_job(tmp_path, target_dir, "eagle3", drafter)
     gate = json.loads((out / "gate.json").read_text())
     assert gate["passed"] is False and gate["verdict"].startswith(
-        "vLLM did not serve the drafter: " + ("ServerError: server exited" if fault == "refused" else
+        "vLLM did not serve the drafter: " + ("ServerExited: server exited" if fault == "refused" else
                                               "RemoteProtocolError: Server disconnected"))

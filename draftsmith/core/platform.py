@@ -47,3 +47,20 @@ def staging_event_options(device: str) -> dict:
     """How the event after a row's pinned copies is made: on CUDA a blocking one, so the shard writer's
     thread sleeps until the copy is done instead of spinning a host core on every row."""
     return {"blocking": True} if is_cuda(device) else {}
+
+
+def baseline_once_per_grid(device: str) -> bool:
+    """Whether the target alone is measured once for the whole serving grid (every method's speed-ups divide
+    by it) rather than again in each method's window. On CUDA GPUs measurements run one at a time on devices
+    of their own, so a second baseline measures the same number again, at a server start each (most of an
+    hour for a 1T target). A CPU is shared with whatever else the machine runs: each method measures the
+    target alone in its own window, and windows that disagree are flagged (:mod:`draftsmith.evaluation.pick`)."""
+    return is_cuda(device)
+
+
+def ranking_figure(pick_by: str, device: str) -> str:
+    """The figure the serving recipe ranks settings by, plain serving among them: ``pick_by`` where the
+    measurement ran on an accelerator. On a CPU drafting costs about as much as a target step, so speed-ups
+    there say nothing of a GPU's and plain serving would win everywhere: the figure that carries over is
+    tokens per target step (``tau``)."""
+    return pick_by if is_cuda(device) else "tau"

@@ -68,6 +68,7 @@ class ChatResult:
     cost: float | None = None
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+    verify_steps: int | None = None  # SGLang's target steps for this request (meta_info.spec_verify_ct)
 
 
 @dataclass
@@ -309,7 +310,14 @@ class ChatClient:
                           completion_tokens=int(usage.get("completion_tokens") or 0),
                           attempts=attempt, cost=usage.get("cost"),
                           token_ids=_int_list(choice.get("token_ids")),
-                          prompt_token_ids=_int_list(payload.get("prompt_token_ids")))
+                          prompt_token_ids=_int_list(payload.get("prompt_token_ids")),
+                          verify_steps=_verify_steps(choice))
+
+
+def _verify_steps(choice: dict) -> int | None:
+    """SGLang's target verification steps for the request, where it was asked for them (``return_meta_info``)."""
+    steps = (choice.get("meta_info") or {}).get("spec_verify_ct")
+    return int(steps) if isinstance(steps, int | float) else None
 
 
 def _int_list(value: Any) -> list[int] | None:

