@@ -13,6 +13,9 @@ from draftsmith.config.load import (
     result_view,
     validate_config,
 )
+from draftsmith.core import (
+    platform as devices,
+)  # not `platform`: the Snakefile shares Snakemake's globals
 from draftsmith.core.digest import json_digest
 from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
@@ -52,7 +55,7 @@ PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokeniz
 _problems = preflight.problems(config, TARGET, BASE_DIR, targets.cheap_facts(TARGET))
 if _problems:
     raise WorkflowError(str(preflight.PreflightError(_problems)))
-for _notice in preflight.notices(config):
+for _notice in preflight.notices(config, BASE_DIR):
     print(f"draftsmith: {_notice}", file=sys.stderr)
 
 
@@ -167,10 +170,12 @@ def generation_gpus():
 
 PREFLIGHT = "results/checks/preflight.json"
 # Per engine build (vLLM on GPUs or its CPU build): a run moved onto GPUs is checked again there (which
-# engine serves is operational: it names the file, never a param). It runs first by priority and feeds the
-# pick, not the expensive jobs: Snakemake 9.27 plans nothing downstream of a job it reruns through an
-# ancient() input (dag.py masks those jobs, then skips ancient edges), so a check rerun for an added
-# family would have run alone and exited 0 (tests/e2e: families added to a finished run).
+# engine serves is operational: it names the file, never a param). The families configured before any work
+# are checked by the preflight, which every expensive job waits for; this job, which reruns when families are
+# added, feeds only the pick: Snakemake 9.27 plans nothing downstream of a job it reruns through an ancient()
+# input (dag.py masks those jobs, then skips ancient edges), so a check rerun for an added family would have
+# run alone and exited 0 (tests/e2e: families added to a finished run), and a new input of the expensive
+# jobs would rerun them in every finished project.
 ENGINE_CHECK = (
     f"results/checks/engine.{'gpu' if config['server']['gpus'] else 'cpu'}.json"
 )
@@ -208,16 +213,40 @@ def method_evaluation(wildcards):
     return serving_methods.measurement_settings(wildcards.method, RESULT["evaluation"])
 
 
-def evaluation_inputs(wildcards):
-    """A method's measurement reads the target and the prompts; a trained family also its export and
-    gate (and EAGLE-3 a warm start's pretrained drafter, measured beside it)."""
-    inputs = {
+# Where the target alone is measured (core/platform.py): once for the grid on GPUs, in each method's own
+# window on a shared CPU. The machine the servers run on is operational: it names no param.
+SHARED_BASELINE = devices.baseline_once_per_grid(
+    "cuda" if config["server"]["gpus"] else "cpu"
+)
+BASELINE = "results/evaluation/baseline.json"
+
+
+def measurement_inputs():
+    """What every measurement reads: the target, the prompts, the preflight (a method the config cannot
+    measure is refused first) and, where it is measured once for the grid, the target alone.
+    """
+    return {
         "model": target_input(),
         "prompts": evaluation_sources(),
-        "preflight": ancient(
-            PREFLIGHT
-        ),  # a method the config cannot measure is refused first
+        "preflight": ancient(PREFLIGHT),
+        **({"baseline": BASELINE} if SHARED_BASELINE else {}),
     }
+
+
+def schedule_inputs(wildcards=None):
+    """The schedule is the pick's, served with the published drafter."""
+    return {
+        **measurement_inputs(),
+        "results": "results/evaluation/results.json",
+        "drafter": "results/drafter/final.safetensors",
+        "drafter_config": "results/drafter/config.json",
+    }
+
+
+def evaluation_inputs(wildcards):
+    """A method's measurement reads what every measurement reads; a trained family also its export and
+    gate (and EAGLE-3 a warm start's pretrained drafter, measured beside it)."""
+    inputs = measurement_inputs()
     family = wildcards.method
     if family in FAMILIES:
         inputs.update(
@@ -231,7 +260,9 @@ def evaluation_inputs(wildcards):
 
 
 def evaluation_servers(wildcards):
-    return serving_methods.servers(wildcards.method, config["evaluation"], WARM_START)
+    return serving_methods.servers(
+        wildcards.method, config["evaluation"], WARM_START
+    ) - (1 if SHARED_BASELINE else 0)
 
 
 def measurement_threads():

@@ -1,3 +1,31 @@
+rule evaluate_baseline:
+    """The target alone at every point of the grid, once for every method, where the platform measures it
+    so (core/platform.py baseline_once_per_grid: dedicated GPUs, measurements one at a time); on a shared CPU
+    each method measures it again in its own window."""
+    input:
+        model=target_input,
+        prompts=evaluation_sources(),
+        preflight=ancient(PREFLIGHT),
+    output:
+        results="results/evaluation/baseline.json",
+    log:
+        main="logs/evaluate/baseline.log",
+    benchmark:
+        "results/timings/evaluate_baseline.tsv"
+    threads: measurement_threads()
+    resources:
+        gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
+        mem_mb=config["server"]["mem_mb"],
+        runtime=server_runtime(12 * 60),
+        measurement=1,
+    params:
+        evaluation=serving_methods.grid_settings(RESULT["evaluation"]),
+        server=RESULT["server"],
+    script:
+        "../scripts/evaluate_baseline.py"
+
+
 rule evaluate:
     """One serving method (a trained family, or a training-free one: n-gram, suffix decoding) against the
     target alone, measured in one window that holds the machine: every draft length x concurrency x
@@ -61,6 +89,32 @@ rule pick:
         "../scripts/pick.py"
 
 
+rule evaluate_schedule:
+    """The published method's schedule (a draft length per batch-size band, none where plain serving wins)
+    as one vLLM config beside the drafter; where its draft length changes with the batch, served once and
+    measured at every concurrency of the grid against the target alone."""
+    input:
+        unpack(schedule_inputs),
+    output:
+        serving="results/drafter/serving.json",
+    log:
+        main="logs/evaluate/schedule.log",
+    benchmark:
+        "results/timings/evaluate_schedule.tsv"
+    threads: measurement_threads()
+    resources:
+        gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
+        mem_mb=config["server"]["mem_mb"],
+        runtime=server_runtime(12 * 60, servers=1 if SHARED_BASELINE else 2),
+        measurement=1,
+    params:
+        evaluation=serving_methods.grid_settings(RESULT["evaluation"]),
+        server=RESULT["server"],
+    script:
+        "../scripts/evaluate_schedule.py"
+
+
 rule training_free:
     """Training-free speculation alone (no hidden states, no training): per concurrency the best
     training-free setting against the target alone. `./run.sh results/evaluation/training_free.md`
@@ -93,6 +147,7 @@ rule report:
         vocab="results/vocab/stats.json",
         trainings=expand("results/train/{family}/training.json", family=FAMILIES),
         gate="results/drafter/gate.json",
+        serving="results/drafter/serving.json",
     output:
         markdown="results/report/report.md",
         plot=report(
@@ -139,6 +194,7 @@ rule model_card:
         prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
         sglang="results/drafter/sglang",
         drafter_config="results/drafter/config.json",
+        serving="results/drafter/serving.json",
     output:
         card=report(
             "results/drafter/README.md",

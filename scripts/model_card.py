@@ -21,7 +21,8 @@ def main() -> None:
         merge=load(sm.input.merge),
         prompts={Path(p).name.removesuffix(".stats.json"): load(p) for p in sm.input.prompts},
         train_config=sm.params.train[family], drafter_config=load(sm.input.drafter_config),
-        sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None)
+        sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None,
+        serving=load(sm.input.serving))
     write_text(Path(sm.output.card), card(inputs))
 
 

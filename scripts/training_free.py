@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+from draftsmith.core import platform
 from draftsmith.core.atomic import write_text
 from draftsmith.evaluation import pick
 from draftsmith.evaluation.report import training_free_markdown
@@ -9,9 +10,14 @@ from draftsmith.ops.runner import run
 
 def main() -> None:
     evaluations = {Path(p).stem: json.loads(Path(p).read_text()) for p in sm.input.evaluations}
-    serving = pick.serving(evaluations, sm.params.concurrency, sm.params.pick_by)
-    pick.require_measured(evaluations, serving, sm.params.pick_by)
-    write_text(Path(sm.output.markdown), training_free_markdown(evaluations, serving, sm.params.pick_by))
+    if not evaluations:
+        raise pick.NothingToPick("evaluation.training_free is empty (or its methods are not measured with "
+                                 "evaluation.engine sglang): there is no training-free method to measure; list "
+                                 "ngram or suffix there")
+    figure = platform.ranking_figure(sm.params.pick_by, pick.device_of(next(iter(evaluations.values()))))
+    serving = pick.serving(evaluations, sm.params.concurrency, figure)
+    pick.require_measured(evaluations, serving, figure)
+    write_text(Path(sm.output.markdown), training_free_markdown(evaluations, serving, figure))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 
 def run(set_name: str, temperature: float, speedup: float | None, tokens_per_step: float | None,
-        tau: float | None = None, rates: tuple[float, ...] = (0.4, 0.1)) -> dict:
+        tau: float | None = None, rates: tuple[float, ...] = (0.4, 0.1), concurrency: int = 2) -> dict:
     base = 40.0
-    return {"set": set_name, "temperature": temperature, "prompts": 3, "output_tokens": 96, "wall_s": 3.0,
+    return {"set": set_name, "temperature": temperature, "prompts": 3, "output_tokens": 96, "window_s": 3.0,
+            "requests": 2 * concurrency, "mean_in_flight": concurrency - 0.1 * (concurrency > 2), "held": True,
+            "repeats": round(2 * concurrency / 3, 2),
             "output_tok_s": None if speedup is None else base * speedup, "baseline_tok_s": base, "speedup": speedup,
             "acceptance": {"drafts": 10.0, "draft_tokens": 10.0 * len(rates), "accepted_tokens": 5.0,
                            "tau_pooled": tau if tau is not None else tokens_per_step,
@@ -22,8 +24,10 @@ def evaluation(method: str, cells: dict[tuple[int, int], tuple[float | None, flo
             "temperatures": sorted({t for _, t in sets}), "max_tokens": 32,
             "draft_lengths": sorted({k for k, _ in cells}), "on_accelerator": False, "seeded_sampling": False,
             "compute": {"dtype": "bfloat16", "reason": "CPU capability AVX512"},
-            "baseline": [{"concurrency": c, "runs": [run(s, t, None, None) for s, t in sets]} for c in concurrencies],
-            "cells": [{"drafter": label, "k": k, "concurrency": c, "runs": [run(s, t, speedup, tps) for s, t in sets]}
+            "baseline": [{"concurrency": c, "runs": [{**run(s, t, None, None, concurrency=c), "output_tok_s": 40.0}
+                                                     for s, t in sets]} for c in concurrencies],
+            "cells": [{"drafter": label, "k": k, "concurrency": c,
+                       "runs": [run(s, t, speedup, tps, concurrency=c) for s, t in sets]}
                       for (k, c), (speedup, tps) in cells.items()],
             "server_start_s": [30.0] * (1 + len({k for k, _ in cells})), "window": [0.0, 1.0]}
 

@@ -112,9 +112,10 @@ def test_each_family_is_planned_with_its_own_epochs_and_pace(tmp_path):
 
 
 def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_training(tmp_path):
-    """Every method's job starts the target once more than its draft lengths; on a 1T target a start is
-    most of an hour, and at concurrency 1 a server decodes far fewer tokens a second than generation's
-    batches do: a generous grid can outlast the training it measures."""
+    """On GPUs the target alone is started once for the grid, each draft length once per method; on a 1T
+    target a start is most of an hour, and at concurrency 1 a server decodes far fewer tokens a second than
+    generation's batches do: a generous grid can outlast the training it measures. Each set is sent as at
+    least two rounds of its concurrency (MT-bench's 80 prompts as 128 requests at 64)."""
     config = kimi_config(tmp_path)
     config["train"]["families"] = ["eagle3", "dflash"]
     config["evaluation"].update(concurrency=[1, 16, 64], num_speculative_tokens=[1, 3, 5], training_free=["ngram"],
@@ -122,15 +123,20 @@ def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_traini
     config["plan"]["server_start_s"] = 2400
     throughput = plan.measured_throughput(tmp_path / "results", config["plan"]["throughput"])
     grid = plan.grid_plan(config, {"mt_bench": (80, 80)}, tmp_path / "results", throughput)
-    assert grid.cells == (3 + 1 + 3) * 3 and grid.servers == (3 + 1 + 3) + 3  # a target alone per method
+    assert grid.cells == (3 + 1 + 3) * 3 and grid.servers == (3 + 1 + 3) + 1  # one target alone for the grid
     # generation's 6,000 tok/s at concurrency 200, scaled to the grid's concurrencies
     assert grid.rates == {1: 30.0, 16: 480.0, 64: 1920.0}
-    per_point = 10 * 2 * 80 * 1024 * 0.5
-    assert grid.tokens == {1: per_point + 10 * 512, 16: per_point, 64: per_point}
-    assert grid.seconds == pytest.approx(10 * 2400 + (per_point + 5120) / 30 + per_point / 480 + per_point / 1920)
+    per_point = 8 * 2 * 80 * 1024 * 0.5
+    assert grid.tokens == {1: per_point + 8 * 512, 16: per_point, 64: per_point * 128 / 80}
+    assert grid.seconds == pytest.approx(8 * 2400 + (per_point + 4096) / 30 + per_point / 480
+                                         + per_point * 1.6 / 1920)
     text = "\n".join(plan.grid_section(grid, training_s=3 * 3600))
-    assert "21 cells (method x draft tokens x concurrency), 10 server starts (2400 s each (plan.server_start_s))" \
+    assert "21 cells (method x draft tokens x concurrency), 8 server starts (2400 s each (plan.server_start_s))" \
         in text
+    assert "Each draft length of evaluation.num_speculative_tokens costs 2 server starts (~1.3 h" in text
+    on_cpu = plan.grid_plan({**config, "server": {**config["server"], "gpus": 0}}, {"mt_bench": (80, 80)},
+                            tmp_path / "results", throughput)
+    assert on_cpu.servers == (3 + 1 + 3) + 3  # a shared CPU: the target alone in each method's window
     assert "**The evaluation grid would take longer than the training (3.0 h)**" in text
     assert "longer than the training" not in "\n".join(plan.grid_section(grid, training_s=100 * 3600))
     # An earlier run's evaluations measure both the pace at each concurrency and the start-up.

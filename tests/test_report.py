@@ -1,3 +1,5 @@
+import pytest
+
 from draftsmith.evaluation import pick
 from draftsmith.evaluation.report import Inputs, write_report
 from tests import grid
@@ -43,6 +45,20 @@ TRAINING = {"rows": 12, "run_key": "abc", "on_cpu": True, "chosen": {"epoch": 0,
 GATE = {"passed": True, "verdict": "served first-token acceptance 0.140 (validation 0.150)"}
 
 
+EAGLE3_TRAIN = {"num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001, "optimizer": "muon",
+                "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024,
+                "loss_fn": "lk_hybrid", "train_lm_head": True}
+
+
+def card_inputs(results: dict, **overrides):
+    """The model card's inputs for an EAGLE-3 drafter published from ``results``."""
+    from draftsmith.evaluation.model_card import CardInputs
+
+    return CardInputs(**{"base_model": "b/m", "config_digest": "0", "datasets": {}, "results": results,
+                         "training": TRAINING, "merge": MERGE, "prompts": PROMPTS, "drafter_config": {},
+                         "sglang_reason": None, "train_config": EAGLE3_TRAIN, **overrides})
+
+
 def report(tmp_path, inputs: Inputs) -> str:
     paths = {name: tmp_path / f"{name}.png" for name in ("acc", "train", "families", "map")}
     write_report(inputs, tmp_path / "report.md", paths["acc"], paths["train"], paths["families"], paths["map"],
@@ -57,8 +73,8 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert table[0].split("\t")[:6] == ["method", "draft_tokens", "concurrency", "prompt_set", "temperature", "prompts"]
     assert table[1].startswith("EAGLE-3\t1\t2\teveryday\t0.0\t3\t1.2") and len(table) == 1 + 16
     # every cell: method, draft tokens, concurrency, set, T, τ, tokens per step, by position, tok/s, speed-up
-    assert "| EAGLE-3 | 3 | 2 | everyday | 0 | 3 | 1.300 | 1.300 | 0.40, 0.10 | 40.0 | 36.0 | 0.90× |" in text
-    assert "| n-gram | 1 | 8 | everyday | 1 | 3 | 1.100 | 1.100 | 0.40, 0.10 | 40.0 | 42.0 | 1.05× |" in text
+    assert "| EAGLE-3 | 3 | 2 | 2.0 | everyday | 0 | 3 | 1.300 | 1.300 | 0.40, 0.10 | 40.0 | 36.0 | 0.90× |" in text
+    assert "| n-gram | 1 | 8 | 7.9 | everyday | 1 | 3 | 1.100 | 1.100 | 0.40, 0.10 | 40.0 | 42.0 | 1.05× |" in text
     # time to quality per epoch; a run recorded before train_s existed shows none
     assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.5 min | ✔ |" in text
     assert "| 2 | 7.200 | 0.100 | 0.010 | 1.110 | – |  |" in text
@@ -85,11 +101,13 @@ def test_report_shows_every_stage_with_plots(tmp_path):
 def test_the_serving_recipe_names_the_best_setting_per_concurrency_and_a_training_free_winner(tmp_path):
     text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE))
     assert "## Serving recipe" in text
-    assert ("| 2 | n-gram | 1 | 0.95× | 1.100 | +5.6% over EAGLE-3 k=3 | EAGLE-3 k=3: 0.90×, 1.300 tok/step | "
-            "n-gram k=1: 0.95×, 1.100 tok/step | +18.2% |") in text
-    assert "| 8 | n-gram | 1 | 1.05× | 1.100 | +50.0% over EAGLE-3 k=1 |" in text
+    # plain serving is a setting: at 2 every method slowed the target down
+    assert ("| 2 | plain serving (no speculation) | 0 | 1.00× | 1.000 | +5.3% over n-gram k=1 | EAGLE-3 k=3: 0.90×, "
+            "1.300 tok/step | n-gram k=1: 0.95×, 1.100 tok/step | +18.2% |") in text
+    assert "**At concurrency 2, plain serving (no speculation) is fastest**" in text
+    assert "| 8 | n-gram | 1 | 1.05× | 1.100 | +5.0% over plain serving (no speculation) k=0 |" in text
     assert "**At concurrency 8, n-gram (training-free, k=1) beats every trained drafter**" in text
-    assert "**At concurrency 2, n-gram (training-free, k=1) beats every trained drafter**" in text
+    assert "At concurrency 2, n-gram" not in text
 
 
 def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
@@ -172,8 +190,23 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
     assert "### Concurrency below 8 (measured at 2)" in text and "### Concurrency 8 and above (measured at 8)" in text
     assert ("vllm serve b/m --speculative-config '{\"method\": \"dflash\", \"model\": \"<this folder>\", "
             "\"num_speculative_tokens\": 7}'") in text
-    assert "DFlash, 7 draft tokens: speed-up 0.50×, 1.600 tokens per target step" in text
-    assert "**Here n-gram, which needs no drafter, beat every trained drafter**" in text
+    assert "DFlash, 7 draft tokens: speed-up 1.10×, 1.600 tokens per target step" in text
+    assert "**n-gram, which needs no drafter, beat this drafter here**: 1 draft token, speed-up 1.05×" in text
+    assert "speed-up 1.050 against this drafter's 0.500" in text
+    # On a GPU, where at 8 the target alone beat DFlash (0.50×), the card says to serve without speculation there,
+    # and still names n-gram, which beat both.
+    on_gpus = card(CardInputs(base_model="b/m", config_digest="0", datasets={},
+                              results={**FAMILIES, "on_accelerator": True}, training=DFLASH_TRAINING, merge=MERGE,
+                              prompts=PROMPTS, train_config={"epochs": 3, "lr": 1e-3, "optimizer": "muon",
+                                                             "scheduler": "linear", "total_seq_len": 1024,
+                                                             "loss_fn": None},
+                              drafter_config=dflash, sglang_reason="not EAGLE-3"))
+    band_8 = on_gpus.split("### Concurrency 8 and above")[1]
+    assert band_8.index("**Serve without speculation here**: the target alone was faster than DFlash at every "
+                        "draft length (its best, 7 draft tokens: speed-up 0.50×") < band_8.index("vllm serve b/m\n")
+    assert "**n-gram, which needs no drafter, beat this drafter here**" in band_8
+    assert "Serve without speculation" not in on_gpus.split("### Concurrency 8 and above")[0]
+    assert "speed-ups that matter" not in on_gpus
     assert ('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "prompt_lookup_max": 4}' in text)
     assert "the speed-ups that matter come from your GPUs" in text
 
@@ -181,16 +214,58 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
 def test_a_suffix_winner_is_recommended_as_it_was_measured_without_its_tree_of_earlier_answers():
     """The grid sends each prompt more than once: with vLLM's default tree of earlier answers, suffix
     decoding at T=0 drafted the very answer it had given before. The card's command is the setting measured."""
-    from draftsmith.evaluation.model_card import CardInputs, card
+    from draftsmith.evaluation.model_card import card
 
     suffix = grid.evaluation("suffix", {(3, 2): (0.7, 1.2), (3, 8): (1.2, 1.5)}, trained=False)
-    text = card(CardInputs(base_model="b/m", config_digest="0", datasets={},
-                           results=results_of({"eagle3": EAGLE3, "suffix": suffix}), training=TRAINING, merge=MERGE,
-                           prompts=PROMPTS, drafter_config={}, sglang_reason=None, train_config={
-                               "num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001,
-                               "optimizer": "muon", "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0,
-                               "total_seq_len": 1024, "loss_fn": "lk_hybrid", "train_lm_head": True}))
-    assert "**Here suffix decoding, which needs no drafter, beat every trained drafter**" in text
+    text = card(card_inputs(results_of({"eagle3": EAGLE3, "suffix": suffix})))
+    assert ("**suffix decoding, which needs no drafter, beat this drafter here**: 3 draft tokens, speed-up 1.20×, "
+            "1.500 tokens per target step (τ per draft 1.500); speed-up 1.200 against this drafter's 0.700") in text
     assert ('{"method": "suffix", "num_speculative_tokens": 3, "suffix_decoding_max_cached_requests": 0}'
             in text)
     assert "measured without its tree of earlier answers" in text
+
+
+def test_a_training_free_method_that_beat_the_published_drafter_is_named_though_another_family_beat_it_too():
+    """EAGLE-3 published, DFlash best at 16, n-gram at 1.10× against EAGLE-3's 0.90×: the card for 16
+    recommended EAGLE-3 at 0.90× and never named n-gram (its block showed only when n-gram beat every trained
+    family)."""
+    from draftsmith.evaluation.model_card import card
+
+    eagle3 = grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.9, 1.8)})
+    dflash = grid.evaluation("dflash", {(7, 1): (1.2, 1.7), (7, 16): (1.3, 2.0)})
+    ngram = grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (1.1, 1.2)}, trained=False)
+    results = {**results_of({"eagle3": eagle3, "dflash": dflash, "ngram": ngram}, pick_at=1), "on_accelerator": True}
+    assert results["family"] == "eagle3"
+    band_16 = card(card_inputs(results)).split("### Concurrency 16 and above")[1].split("## ")[0]
+    assert "**n-gram, which needs no drafter, beat this drafter here**: 3 draft tokens, speed-up 1.10×" in band_16
+    assert '"method": "ngram", "num_speculative_tokens": 3' in band_16
+    assert "Serve without speculation here" in band_16  # and on GPUs the target alone beat EAGLE-3's 0.90× too
+
+
+def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(tmp_path):
+    """The same target on the same prompts read 175-185 tok/s in EAGLE-3's window and 38-48 in suffix's: the
+    report's headline crowned suffix decoding on a 4.8x load change. Tokens per step, which load does not
+    touch, is what the pick should be read by there."""
+    from draftsmith.evaluation.model_card import card
+
+    eagle3 = grid.evaluation("eagle3", {(3, 8): (1.04, 1.76)})
+    suffix = grid.evaluation("suffix", {(3, 8): (2.05, 1.81)}, trained=False)
+    for point in suffix["baseline"]:
+        for run in point["runs"]:
+            run["output_tok_s"] = 40.0 / 4.8
+    results = results_of({"eagle3": eagle3, "suffix": suffix}, pick_at=8)
+    changed = results["load_changed"]
+    assert [(c["concurrency"], c["set"]) for c in changed] == [(8, "everyday"), (8, "everyday")]
+    assert changed[0]["spread"] == pytest.approx(3.8) and results["serving"][0]["load_changed"] == changed
+    text = report(tmp_path, Inputs(results, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, GATE))
+    assert "## The machine's load changed between measurements" in text
+    assert "- concurrency 8, everyday, T=0: EAGLE-3 40 tok/s, suffix decoding 8.3 tok/s (+380%)" in text
+    assert "## The machine's load changed" in card(card_inputs(results))
+    rows = [pick.summary("eagle3", eagle3, grid.training(), 1, "speedup", 8),
+            pick.summary("dflash", grid.evaluation("dflash", {(7, 8): (1.2, 1.6)}), grid.training(), 1, "speedup", 8)]
+    _, why = pick.choose(rows, "speedup", 8, changed)
+    assert "the machine's load changed between measurements" in why and "evaluation.pick_by: tau" in why
+    assert "load changed" not in pick.choose(rows, "tau", 8, changed)[1]  # tokens per step: load does not touch it
+    # one baseline for the whole grid (GPUs): nothing to disagree with
+    shared = {m: {**e, "baseline_shared": True} for m, e in (("eagle3", eagle3), ("suffix", suffix))}
+    assert pick.load_changes(shared) == []

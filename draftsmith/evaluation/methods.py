@@ -21,7 +21,9 @@ import importlib.util
 from draftsmith.training import families
 
 TRAINING_FREE = ("ngram", "suffix")
-DISPLAY_NAME = {**families.DISPLAY_NAME, "ngram": "n-gram", "suffix": "suffix decoding"}
+PLAIN = "plain"  # plain serving, the target alone: a setting of the serving ranking, never a served method
+DISPLAY_NAME = {**families.DISPLAY_NAME, "ngram": "n-gram", "suffix": "suffix decoding",
+                PLAIN: "plain serving (no speculation)"}
 # arctic-inference 0.3.0 builds its suffix tree (C++) at install; vLLM 0.32 imports it for method "suffix"
 # and checks no version. Its own vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED is set (it
 # targets vLLM 0.26 on CUDA): leave that unset.
@@ -91,11 +93,17 @@ def speculative_config(method: str, k: int, evaluation: dict, drafter: str | Non
 GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency")
 
 
+def grid_settings(evaluation: dict) -> dict:
+    """The evaluation settings every measurement depends on: the target alone's (``rule evaluate_baseline``)
+    and a schedule's (``rule evaluate_schedule``, whose ranges come from the pick)."""
+    return {key: evaluation[key] for key in GRID_KEYS}
+
+
 def measurement_settings(method: str, evaluation: dict) -> dict:
     """The evaluation settings ``method``'s measurement depends on (its job's params: a change reruns that
     method alone): the grid, its draft lengths (EAGLE-3 and the training-free methods; a block family
     drafts its trained block) and how it is served."""
-    own = {key: evaluation[key] for key in GRID_KEYS}
+    own = grid_settings(evaluation)
     if method == families.DEFAULT_FAMILY or method in TRAINING_FREE:
         own["num_speculative_tokens"] = evaluation["num_speculative_tokens"]
     if method == "ngram":

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import yaml
 
 from draftsmith.data.datasets import hub_id
-from draftsmith.evaluation.methods import DISPLAY_NAME, speculative_config
-from draftsmith.evaluation.pick import FIGURES
+from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
+from draftsmith.evaluation.pick import FIGURES, figures
+from draftsmith.evaluation.schedule import describe
 
 
 @dataclass
@@ -32,6 +33,7 @@ class CardInputs:
     train_config: dict  # the exported family's training settings
     drafter_config: dict  # the exported config.json (layers, block size, mask token)
     sglang_reason: str | None  # None: the SGLang export is in sglang/
+    serving: dict | None = None  # serving.json: the schedule, its config and its measurement
 
     @property
     def family(self) -> str:
@@ -58,60 +60,141 @@ def bands(concurrencies: list[int]) -> list[str]:
             f"{points[-1]} and above (measured at {points[-1]})"]
 
 
-def _vllm(base_model: str, config: dict) -> str:
+def _vllm(base_model: str, config: dict | None) -> str:
+    if config is None:
+        return f"vllm serve {base_model}"
     return f"vllm serve {base_model} --speculative-config '{json.dumps(config)}'"
 
 
+def _figures(cell: dict) -> str:
+    return (f"speed-up {_num(cell['speedup'], '.2f')}×, {_num(cell['tokens_per_step'], '.3f')} tokens per target "
+            f"step" + (f" (τ per draft {_num(cell['tau'], '.3f')})" if cell.get("tau") is not None else ""))
+
+
 def serving(inputs: CardInputs) -> list[str]:
-    """Per concurrency band: this drafter at the draft length measured best there (or the training-free
-    method that beat it, said plainly), with its command, speed-up and tokens per target step."""
+    """Per concurrency band: this drafter at the draft length measured best there, or plain serving where the
+    target alone was faster on an accelerator, each with its command; every training-free method that beat
+    this drafter there, with its own; then the one config for every batch size (:func:`schedule`)."""
     results, family = inputs.results, inputs.family
     by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
-    where = ("a GPU" if results.get("on_accelerator") else
-             "a CPU (vLLM's CPU build): there drafting costs about as much as a target step, so the figure that "
-             "carries over is τ (tokens per target step); the speed-ups that matter come from your GPUs: measure "
-             "them with `./run.sh` and `server.gpus` set")
+    figure = FIGURES[results["pick"]["by"]]
+    accelerator = results.get("on_accelerator")
+    where = (f"a GPU, ranked by {figure}" if accelerator else
+             f"a CPU (vLLM's CPU build), ranked by {figure}: there drafting costs about as much as a target step, "
+             "so the target alone is faster at almost every setting and the speed-ups say nothing of a GPU's. What "
+             "carries over is tokens per target step and the draft length that earns the most of them; the "
+             "speed-ups that matter come from your GPUs: measure them with `./run.sh` and `server.gpus` set")
     lines = ["## Serving recipe", "",
              f"Measured by draftsmith with {results['engine']} at concurrency "
-             f"{', '.join(map(str, results['concurrency']))}, each setting against the target alone in the same "
-             f"window, on {where}. Tokens per target step count every step.", ""]
+             f"{', '.join(map(str, results['concurrency']))} (each the requests held in flight), each setting "
+             f"against the target alone, on {where}. Tokens per target step count every step.", ""]
     evaluation = results["methods"].get(family, {})
     for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"]), strict=True):
         entry = by_concurrency.get(c, {})
-        ours = next((cell for cell in entry.get("ranked", []) if cell["method"] == family), None)
+        ranked = entry.get("ranked", [])
+        ours = next((i for i, cell in enumerate(ranked) if cell["method"] == family), None)
+        plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), None)
         lines += [f"### Concurrency {band}", ""]
         if ours is None:
             lines += [f"{DISPLAY_NAME[family]} was not measured at this concurrency.", ""]
-            continue
-        lines += [f"{DISPLAY_NAME[family]}, {_tokens(ours['k'])}: speed-up {_num(ours['speedup'], '.2f')}×, "
-                  f"{_num(ours['tokens_per_step'], '.3f')} tokens per target step (τ per draft "
-                  f"{_num(ours['tau'], '.3f')}).", "", "```bash",
-                  _vllm(inputs.base_model, speculative_config(family, ours["k"], {}, "<this folder>")), "```", ""]
-        if inputs.sglang_reason is None:
-            k = ours["k"]
-            lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
-                      f"python -m sglang.launch_server --model-path {inputs.base_model} "
-                      "--speculative-algorithm EAGLE3 \\",
-                      f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
-                      f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
-        best = entry.get("best")
-        if best and not best["trained"] and entry.get("training_free_wins"):
-            lines += [f"**Here {DISPLAY_NAME[best['method']]}, which needs no drafter, beat every trained drafter**: "
-                      f"{FIGURES[results['pick']['by']]} {best['score']:.3f} against {ours['score']:.3f} "
-                      f"(speed-up {_num(best['speedup'], '.2f')}×, {_num(best['tokens_per_step'], '.3f')} tokens per "
-                      "step). Serve it instead at this concurrency:", "", "```bash",
-                      _vllm(inputs.base_model, speculative_config(best["method"], best["k"], results)), "```",
+        elif accelerator and plain is not None and plain < ours:
+            lines += [f"**Serve without speculation here**: the target alone was faster than {DISPLAY_NAME[family]} "
+                      f"at every draft length (its best, {_tokens(ranked[ours]['k'])}: "
+                      f"{_figures(ranked[ours])}).", "", "```bash", _vllm(inputs.base_model, None), "```", ""]
+        else:
+            cell = ranked[ours]
+            lines += [f"{DISPLAY_NAME[family]}, {_tokens(cell['k'])}: {_figures(cell)}.", "", "```bash",
+                      _vllm(inputs.base_model, speculative_config(family, cell["k"], {}, "<this folder>")), "```",
                       ""]
-            if best["method"] == "suffix":
-                lines += ["Suffix decoding was measured without its tree of earlier answers "
-                          "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "
-                          "once, and an earlier answer to the same prompt would count as drafted. On traffic that "
-                          "repeats itself, vLLM's default (10,000 earlier answers) may accept more.", ""]
+            if inputs.sglang_reason is None:
+                k = cell["k"]
+                lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
+                          f"python -m sglang.launch_server --model-path {inputs.base_model} "
+                          "--speculative-algorithm EAGLE3 \\",
+                          f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
+                          f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
+        lines += _training_free_ahead(inputs, ranked, ours, figure)
     if inputs.sglang_reason is not None:
         lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason})."]
     if not evaluation.get("cells"):
         lines += ["", f"{DISPLAY_NAME[family]} was not measured here."]
     return lines
+
+
+def _training_free_ahead(inputs: CardInputs, ranked: list[dict], ours: int | None, figure: str) -> list[str]:
+    """Every training-free method ranked above this drafter at a band, each with its command, whether or not
+    another trained family beat it too."""
+    ahead = [cell for cell in ranked[:ours] if not cell["trained"] and cell["method"] != PLAIN]
+    lines = []
+    for cell in ahead:
+        against = f"this drafter's {ranked[ours]['score']:.3f}" if ours is not None else "this drafter, not measured"
+        lines += [f"**{DISPLAY_NAME[cell['method']]}, which needs no drafter, beat this drafter here**: "
+                  f"{_tokens(cell['k'])}, {_figures(cell)}; {figure} {cell['score']:.3f} against {against}. "
+                  "Serve it instead at this concurrency:", "",
+                  "```bash", _vllm(inputs.base_model, speculative_config(cell["method"], cell["k"],
+                                                                         inputs.results)), "```", ""]
+        if cell["method"] == "suffix":
+            lines += ["Suffix decoding was measured without its tree of earlier answers "
+                      "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "
+                      "once, and an earlier answer to the same prompt would count as drafted. On traffic that "
+                      "repeats itself, vLLM's default (10,000 earlier answers) may accept more.", ""]
+    return lines
+
+
+def schedule(inputs: CardInputs) -> list[str]:
+    """The one config for every batch size: vLLM's dynamic speculative decoding with the draft length of each
+    band (none where plain serving wins), and what it measured served as one (``serving.json``)."""
+    served = inputs.serving
+    if not served:
+        return []
+    plan, config = served["schedule"], served["speculative_config"]
+    command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
+    if plan["kind"] == "plain":
+        said = ["The target alone was fastest at every measured concurrency: serve without speculation."]
+    elif plan["kind"] == "fixed":
+        said = [f"{DISPLAY_NAME[plan['family']]} drafts {_tokens(plan['max_k'])} at every measured concurrency, so "
+                "one fixed config serves every batch size; the grid measured it (`serving.json` holds it):"]
+    else:
+        said = [f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`, read by its "
+                f"scheduler at every step): {describe(plan)}. One command for mixed traffic (`serving.json` holds "
+                "the config; SGLang has no such schedule: use the per-band commands above):"]
+        command += ["", *schedule_table(served.get("measured") or {}, inputs.results)]
+    return ["## One config for every batch size", "", *said, "", *command]
+
+
+def schedule_table(measured: dict, results: dict) -> list[str]:
+    """The schedule served as one config, beside each concurrency's best fixed cell."""
+    if measured.get("skipped"):
+        return [f"Not served as one config here: {measured['skipped']}."]
+    cells = {c["concurrency"]: c for c in measured.get("cells", [])}
+    best = {e["concurrency"]: e.get("best") for e in results.get("serving", [])}
+    lines = ["Served as one config and measured at every concurrency of the grid:", "",
+             "| concurrency | schedule: speed-up | tokens / step | best fixed setting | speed-up | tokens / step |",
+             "|---:|---:|---:|---|---:|---:|"]
+    for c in sorted(cells):
+        cell = cells[c]
+        if cell.get("failed"):
+            lines.append(f"| {c} | failed: {cell['failed']} | – | – | – | – |")
+            continue
+        got, fixed = figures(cell), best.get(c) or {}
+        lines.append(f"| {c} | {_num(got['speedup'], '.2f')}× | {_num(got['tokens_per_step'], '.3f')} | "
+                     f"{DISPLAY_NAME.get(fixed.get('method'), '–')} k={fixed.get('k', '–')} | "
+                     f"{_num(fixed.get('speedup'), '.2f')}× | {_num(fixed.get('tokens_per_step'), '.3f')} |")
+    return lines
+
+
+def load_changed(results: dict) -> list[str]:
+    """Windows whose target alone disagreed: the speed-ups they touch compare windows as much as methods."""
+    changes = results.get("load_changed") or []
+    if not changes:
+        return []
+    lines = ["## The machine's load changed between measurements", "",
+             "The target alone, on the same prompts at the same concurrency, read different speeds in different "
+             "methods' windows; the speed-ups at these points divide by baselines the other methods did not have. "
+             "Tokens per target step, counted by the engine, do not depend on load.", ""]
+    return lines + [f"- concurrency {c['concurrency']}, {c['set']}, T={c['temperature']:g}: "
+                    + ", ".join(f"{DISPLAY_NAME.get(m, m)} {v:g} tok/s" for m, v in c["baseline_tok_s"].items())
+                    + f" ({c['spread']:+.0%})" for c in changes]
 
 
 def _tokens(k: int) -> str:
@@ -232,7 +315,8 @@ def card(inputs: CardInputs) -> str:
              f"A speculative-decoding drafter trained by draftsmith with "
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
              f"`{inputs.base_model}`. The license of the base model applies.", "",
-             *serving(inputs), "", *results_table(inputs.results), "", *_section(pick(inputs.results)),
+             *serving(inputs), "", *_section(schedule(inputs)), *_section(load_changed(inputs.results)),
+             *results_table(inputs.results), "", *_section(pick(inputs.results)),
              *training_data(inputs), "",
              *recipe(inputs), "",
              "## Reproduce", "", "```bash", "./run.sh --configfile <the config this run used>",

@@ -9,9 +9,14 @@ speed-ups over sets and temperatures (a ratio: one set twice as fast and one hal
 or ``tau``, the mean tokens per target step (over all steps, so that a training-free method that
 drafts only where it finds a match is counted like a drafter that always drafts).
 
-- At each concurrency the best cell of all, with its margin over the best cell of another method, the
-  best trained and the best training-free one, and what training bought (the trained drafter's tokens
-  per target step over the best training-free method's).
+- At each concurrency the best cell of all, plain serving (the target alone: speed-up 1, one token per
+  step) among them, with its margin over the best cell of another method, the best trained and the best
+  training-free one, and what training bought (the trained drafter's tokens per target step over the best
+  training-free method's). A cell whose runs did not hold their concurrency (requests in flight averaged
+  under :data:`~draftsmith.evaluation.evaluate.HELD` of it) is not ranked at a concurrency it did not hold.
+- Where the target alone, at one concurrency, set and temperature, read speeds more than
+  :data:`LOAD_TOLERANCE` apart in the windows of different methods, the machine's load changed between
+  them: the speed-ups at that concurrency compare windows as much as methods, and the entry says so.
 - ``results/drafter/`` is the trained family whose best cell at ``evaluation.pick_at`` is best. A family
   the engine cannot serve here, or whose export or gate failed, has no figure and is left out with its
   reason; the pick fails only when no family was measured. A tie goes to the family listed first.
@@ -24,9 +29,13 @@ import shutil
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path
+from draftsmith.evaluation.methods import PLAIN
 
 FINETUNED = "finetuned"  # the label of the drafter this workflow trained, in its family's cells
 FIGURES = {"speedup": "speed-up", "tau": "tokens per target step"}
+# How far apart the target alone may read, between windows, before the load is said to have changed
+# (a run's own spread on an idle machine is a few percent).
+LOAD_TOLERANCE = 0.10
 
 
 class NothingToPick(ValueError):
@@ -56,10 +65,15 @@ def label_of(evaluation: dict) -> str:
     return FINETUNED if evaluation.get("trained") else evaluation["method"]
 
 
+def held(cell: dict) -> bool:
+    """Whether every run of the cell held its concurrency (runs from before this was measured did not say)."""
+    return all(r.get("held", True) for r in cell["runs"])
+
+
 def best_cell(evaluation: dict, concurrency: int, pick_by: str) -> dict | None:
     """The method's best draft length at ``concurrency`` (the first listed on a tie), with its figures."""
     cells = [c for c in evaluation.get("cells", []) if c["concurrency"] == concurrency
-             and c["drafter"] == label_of(evaluation)]
+             and c["drafter"] == label_of(evaluation) and held(c)]
     scored = [(score(c["runs"], pick_by), i, c) for i, c in enumerate(cells)]
     scored = [s for s in scored if s[0] is not None]
     if not scored:
@@ -69,24 +83,59 @@ def best_cell(evaluation: dict, concurrency: int, pick_by: str) -> dict | None:
             "concurrency": concurrency, "score": value, **figures(cell)}
 
 
+def plain_cell(concurrency: int) -> dict:
+    """Plain serving as a setting of the ranking: the target alone, against which every speed-up is taken."""
+    return {"method": PLAIN, "trained": False, "k": 0, "concurrency": concurrency, "score": 1.0, "speedup": 1.0,
+            "tokens_per_step": 1.0, "tau": None}
+
+
 def serving(evaluations: dict[str, dict], concurrencies: list[int], pick_by: str) -> list[dict]:
-    """Per concurrency: every method's best cell, ranked (methods in the listed order on a tie), the best
-    with its margin over the next method, and the best trained against the best training-free one."""
+    """Per concurrency: every method's best cell and plain serving, ranked by ``pick_by`` (methods in the
+    listed order on a tie, plain serving last: a method that merely draws level is not worth serving), the
+    best with its margin over the next method, the best trained against the best training-free one, and the
+    windows whose target alone disagreed (:func:`load_changes`)."""
+    changes = load_changes(evaluations)
     out = []
     for c in concurrencies:
         best = [cell for e in evaluations.values() if (cell := best_cell(e, c, pick_by))]
-        ranked = sorted(best, key=lambda cell: -cell["score"])  # stable: ties keep the listed order
+        measured = bool(best)
+        ranked = sorted([*best, plain_cell(c)] if measured else [], key=lambda cell: -cell["score"])  # stable
         entry: dict = {"concurrency": c, "ranked": ranked, "best": ranked[0] if ranked else None}
         if len(ranked) > 1:
             entry["runner_up"] = ranked[1]
             entry["margin"] = ranked[0]["score"] / ranked[1]["score"] - 1
         trained = next((cell for cell in ranked if cell["trained"]), None)
-        free = next((cell for cell in ranked if not cell["trained"]), None)
+        free = next((cell for cell in ranked if not cell["trained"] and cell["method"] != PLAIN), None)
         entry["best_trained"], entry["best_training_free"] = trained, free
+        entry["plain_wins"] = bool(ranked and ranked[0]["method"] == PLAIN)
         entry["training_free_wins"] = bool(free and ranked[0] is free and trained)
         if trained and free and trained["tokens_per_step"] and free["tokens_per_step"]:
             entry["training_bought"] = trained["tokens_per_step"] / free["tokens_per_step"] - 1
+        entry["load_changed"] = [change for change in changes if change["concurrency"] == c]
         out.append(entry)
+    return out
+
+
+def load_changes(evaluations: dict[str, dict]) -> list[dict]:
+    """Every (concurrency, set, temperature) whose target alone read speeds more than :data:`LOAD_TOLERANCE`
+    apart in different methods' windows: the machine's load changed between them, and each method's
+    speed-ups there divide by a baseline the others did not have. Tokens per target step, counted by the
+    engine per step, do not depend on load."""
+    readings: dict[tuple, dict[str, float]] = {}
+    for method, evaluation in evaluations.items():
+        if evaluation.get("baseline_shared"):
+            continue  # one baseline for every method: nothing to disagree with
+        for point in evaluation.get("baseline", []):
+            for run in point["runs"]:
+                if run.get("output_tok_s"):
+                    readings.setdefault((point["concurrency"], run["set"], run["temperature"]), {})[method] = \
+                        run["output_tok_s"]
+    out = []
+    for (c, name, t), tok_s in readings.items():
+        spread = max(tok_s.values()) / min(tok_s.values()) - 1
+        if len(tok_s) > 1 and spread > LOAD_TOLERANCE:
+            out.append({"concurrency": c, "set": name, "temperature": t, "spread": spread,
+                        "baseline_tok_s": {m: round(v, 1) for m, v in tok_s.items()}})
     return out
 
 
@@ -130,8 +179,21 @@ def cell_runs(evaluation: dict, best: dict) -> list[dict]:
                 and (c["k"], c["concurrency"]) == (best["k"], best["concurrency"]))
 
 
-def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
-    """The picked family and why, with the margin over the next one."""
+def choose(rows: list[dict], pick_by: str, pick_at: int, load_changed: list[dict] = ()) -> tuple[str, str]:
+    """The picked family and why, with the margin over the next one; by speed-up with the machine's load
+    changed between windows at ``pick_at`` (:func:`load_changes`), the why names it."""
+    family, why = _choose(rows, pick_by, pick_at)
+    if pick_by == "speedup" and load_changed:
+        worst = max(load_changed, key=lambda change: change["spread"])
+        why += (f"; but the target alone read {', '.join(f'{m} {v:g}' for m, v in worst['baseline_tok_s'].items())} "
+                f"tok/s in different windows ({worst['set']}, T={worst['temperature']:g}, {worst['spread']:+.0%}): "
+                "the machine's load changed between measurements, so these speed-ups compare windows as much as "
+                "families; measure again on a quiet machine, or pick by tokens per target step "
+                "(evaluation.pick_by: tau), which load does not touch")
+    return family, why
+
+
+def _choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
     ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: -r["score"])  # stable: ties keep order
     if not ranked:
         why = "; ".join(f"{r['family']}: {r.get('reason') or 'no ' + FIGURES[pick_by] + ' measured'}" for r in rows)
@@ -157,10 +219,16 @@ def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: st
     return {"target": first["target"], "engine": first["engine"], "max_tokens": first["max_tokens"],
             "temperatures": first["temperatures"], "concurrency": concurrencies, "ngram": ngram,
             "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
-            "on_accelerator": first.get("on_accelerator"), "family": chosen,
+            "on_accelerator": first.get("on_accelerator"), "device": device_of(first), "family": chosen,
             "pick": {"by": pick_by, "at": pick_at, "family": chosen, "k": winner["best"]["k"], "why": why},
             "runs": winner["runs"], "families": rows, "serving": serving(evaluations, concurrencies, pick_by),
-            "methods": evaluations}
+            "load_changed": load_changes(evaluations), "methods": evaluations}
+
+
+def device_of(evaluation: dict) -> str:
+    """The device the measurement's servers computed on (evaluations from before it was recorded say only
+    whether there was an accelerator)."""
+    return evaluation.get("device") or ("cuda" if evaluation.get("on_accelerator") else "cpu")
 
 
 def copy_drafter(source: Path, dest: Path) -> None:

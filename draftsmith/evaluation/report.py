@@ -7,7 +7,9 @@ from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.evaluation.methods import DISPLAY_NAME
+from draftsmith.evaluation.model_card import load_changed, schedule_table
 from draftsmith.evaluation.pick import FIGURES, figures
+from draftsmith.evaluation.schedule import describe
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
 
@@ -20,6 +22,7 @@ class Inputs:
     vocab: dict
     training: dict
     gate: dict
+    serving: dict | None = None  # serving.json: the published method's schedule and its measurement
 
 
 def _fmt(value, spec: str = ".2f") -> str:
@@ -213,12 +216,20 @@ def _serving(results: dict) -> list[str]:
     """The serving recipe: per concurrency, the best (method, draft length) of every one measured, the
     best trained drafter against the best training-free method, said plainly when the latter wins."""
     by = FIGURES[results["pick"]["by"]]
+    asked = results["pick"].get("asked", results["pick"]["by"])
     lines = ["## Serving recipe", "",
-             f"Per concurrency, every method at its best draft length, ranked by {by} (geometric mean over prompt "
-             "sets and temperatures for speed-ups). Tokens per target step count every step, so a training-free "
-             "method that drafts only where it finds a match compares fairly with a drafter that always drafts.", "",
-             "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
-             "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]
+             f"Per concurrency, every method at its best draft length and plain serving (the target alone), ranked "
+             f"by {by} (geometric mean over prompt sets and temperatures for speed-ups). Tokens per target step "
+             "count every step, so a training-free method that drafts only where it finds a match compares fairly "
+             "with a drafter that always drafts. Each concurrency is the requests held in flight over the timed "
+             "window (the evaluation table gives each run's mean).", ""]
+    if asked != results["pick"]["by"]:
+        lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by): measured on a CPU, where drafting "
+                  "costs about as much as a target step, so the target alone is faster everywhere and speed-ups say "
+                  "nothing of a GPU's. The tokens per step and the best draft length carry over.", ""]
+    lines += [
+              "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
+              "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]
     plain = []
     for entry in results.get("serving", []):
         best = entry["best"]
@@ -233,6 +244,9 @@ def _serving(results: dict) -> list[str]:
                      f"{_fmt(best['speedup'], '.2f')}× | {_fmt(best['tokens_per_step'], '.3f')} | {margin} | "
                      f"{_cell_name(trained)} | {_cell_name(free)} | "
                      f"{'–' if bought is None else f'{bought:+.1%}'} |")
+        if entry.get("plain_wins"):
+            plain.append(f"**At concurrency {entry['concurrency']}, plain serving (no speculation) is fastest**: "
+                         "every method measured there slowed the target down; serve without speculation.")
         if entry["training_free_wins"]:
             plain.append(f"**At concurrency {entry['concurrency']}, {DISPLAY_NAME[free['method']]} (training-free, "
                          f"k={free['k']}) beats every trained drafter**: {by} {free['score']:.3f} against "
@@ -267,15 +281,24 @@ def _evaluation(results: dict) -> list[str]:
         "τ is the **pooled** mean acceptance length per draft, 1 + accepted draft tokens / drafts, from the server's "
         "`/metrics` counter deltas; tokens / step is output tokens over target steps (all of them). Each method's "
         "speed-ups divide by the target alone measured in the same job, at the same concurrency.", "",
-        "| method | draft tokens | concurrency | prompt set | T | prompts | τ (pooled) | tokens / step | "
+        "| method | draft tokens | concurrency | in flight | prompt set | T | prompts | τ (pooled) | tokens / step | "
         "acceptance by position | baseline tok/s | tok/s | speed-up |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for row in evaluation_rows(results):
-        lines.append(f"| {row['method']} | {row['draft_tokens']} | {row['concurrency']} | {row['prompt_set']} | "
+        held = "" if row["held"] else " (not held)"
+        lines.append(f"| {row['method']} | {row['draft_tokens']} | {row['concurrency']} | "
+                     f"{_fmt(row['mean_in_flight'], '.1f')}{held} | {row['prompt_set']} | "
                      f"{row['temperature']:g} | {row['prompts']} | {_fmt(row['tau_pooled'], '.3f')} | "
                      f"{_fmt(row['tokens_per_step'], '.3f')} | {row['acceptance_by_position']} | "
                      f"{_fmt(row['baseline_tok_s'], '.1f')} | {_fmt(row['tok_s'], '.1f')} | "
                      f"{_fmt(row['speedup'], '.2f')}× |")
+    repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
+                       if r["repeats"] and r["repeats"] > 1})
+    if repeated:
+        lines += ["", "A set is sent as at least two rounds of its concurrency, its prompts cycled in order, and timed "
+                  "until fewer than the concurrency are in flight (the requests then running are cut): "
+                  + "; ".join(f"{name} ({n} prompts) at concurrency {c} was sent {x:g}×" for name, n, c, x in repeated)
+                  + ". The engine's prefix cache is off, so a repeated prompt pays its prefill again."]
     failed = [f"- {DISPLAY_NAME[m]} k={c['k']} at concurrency {c['concurrency']}: not measured, {c['failed']}"
               for m, e in results["methods"].items() for c in e.get("cells", []) if c.get("failed")]
     return lines + (["", "Cells whose server failed (the others of the grid were measured):", "", *failed]
@@ -383,13 +406,32 @@ def _generation(generation_stats: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _section(lines: list[str]) -> list[str]:
+    return [*lines, ""] if lines else []
+
+
+def schedule_section(inputs: Inputs) -> list[str]:
+    """The published method's one config for every batch size, and, where its draft length changes with the
+    batch, what it measured served as one beside each concurrency's best fixed cell."""
+    if not inputs.serving:
+        return []
+    plan = inputs.serving["schedule"]
+    lines = ["## One config for every batch size", "",
+             f"{DISPLAY_NAME[plan['family']]}'s schedule ({plan['kind']}): {describe(plan)}; "
+             "`results/drafter/serving.json` holds the vLLM config."]
+    if plan["kind"] == "dynamic":
+        lines += ["", *schedule_table(inputs.serving.get("measured") or {}, inputs.results)]
+    return lines
+
+
 def _with_plot(section: list[str], image: str) -> list[str]:
     return [*section, "", image, ""] if section else []
 
 
 def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_plot_name: str,
              speedup_map_name: str) -> str:
-    lines = ["# draftsmith report", "", *_serving(inputs.results), "",
+    lines = ["# draftsmith report", "", *_serving(inputs.results), "", *_section(schedule_section(inputs)),
+             *_section(load_changed(inputs.results)),
              f"![speed-up map]({speedup_map_name})", "", *_evaluation(inputs.results), "",
              f"![acceptance and tokens per step]({plot_name})", "",
              *_with_plot(_families(inputs.results), f"![drafter families]({families_plot_name})"),
@@ -416,7 +458,8 @@ def evaluation_rows(results: dict) -> list[dict]:
                              "tau_pooled": acc["tau_pooled"], "tokens_per_step": acc.get("tokens_per_step"),
                              "acceptance_by_position": ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"]),
                              "baseline_tok_s": run["baseline_tok_s"], "tok_s": run["output_tok_s"],
-                             "speedup": run["speedup"]})
+                             "speedup": run["speedup"], "mean_in_flight": run.get("mean_in_flight"),
+                             "held": run.get("held", True), "repeats": run.get("repeats")})
     return rows
 
 

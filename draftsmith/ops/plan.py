@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.config.target import Facts
-from draftsmith.core import jsonl
+from draftsmith.core import jsonl, platform
 from draftsmith.core.units import TB, human_bytes
 from draftsmith.evaluation import methods
+from draftsmith.evaluation.evaluate import requests_for
 from draftsmith.generation.generate import journals_of
 from draftsmith.training import families
 
@@ -132,7 +133,8 @@ class GridPlan:
     (draft length x drafter) on a server of its own, at every concurrency, prompt set and temperature."""
 
     cells: int  # (method, draft length, concurrency) triples measured
-    servers: int  # server starts, the targets-alone of each method's window included
+    servers: int  # server starts, the targets-alone included (once for the grid on GPUs, per method on a CPU)
+    per_length: int  # server starts each draft length of evaluation.num_speculative_tokens costs
     tokens: dict[int, float]  # output tokens expected at each concurrency (warm-ups at 1)
     rates: dict[int, float | None]  # output tok/s at each concurrency
     rate_source: str
@@ -155,12 +157,18 @@ def grid_plan(config: dict, sets: dict[str, tuple[int, int]], results: Path, thr
     below generation's concurrency (fewer requests in flight decode fewer tokens per step), and
     ``plan.server_start_s``."""
     ev = config["evaluation"]
-    per_method = {m: methods.servers(m, ev, bool(config["train"]["from_pretrained"]))
+    warm = bool(config["train"]["from_pretrained"])
+    per_method = {m: methods.servers(m, ev, warm)
                   for m in [*config["train"]["families"], *methods.measured_training_free(ev)]}
-    turns = sum(t for _, t in sets.values())
-    servers = sum(per_method.values())
+    shared = platform.baseline_once_per_grid("cuda" if config["server"]["gpus"] else "cpu")
+    servers = sum(per_method.values()) - (len(per_method) - 1 if shared else 0)
+    per_length = sum(methods.servers(m, {**ev, "num_speculative_tokens": [0, 0]}, warm)
+                     - methods.servers(m, {**ev, "num_speculative_tokens": [0]}, warm) for m in per_method)
     per_answer = ev["max_tokens"] * config["plan"]["completion_fraction"]
-    tokens = {c: servers * len(ev["temperatures"]) * turns * per_answer for c in ev["concurrency"]}
+    # each set is sent as at least two rounds of the concurrency (evaluate.requests_for), turns per prompt kept
+    tokens = {c: servers * len(ev["temperatures"]) * per_answer * sum(
+        requests_for(prompts, c) * turns / max(prompts, 1) for prompts, turns in sets.values())
+              for c in ev["concurrency"]}
     tokens[1] = tokens.get(1, 0.0) + servers * per_answer  # one warm-up request per server
     measured = [json.loads(p.read_text()) for p in sorted((results / "evaluation").glob("*.json"))
                 if p.stem in per_method]
@@ -172,9 +180,9 @@ def grid_plan(config: dict, sets: dict[str, tuple[int, int]], results: Path, thr
                       if d.get("kind", "prompts") == "prompts"), default=None)
     rates: dict[int, float | None] = {}
     for c in tokens:
-        done = [r for r in runs.get(c, []) if r.get("wall_s")]
+        done = [r for r in runs.get(c, []) if r.get("window_s") or r.get("wall_s")]  # wall_s: runs from before
         if done:
-            rates[c] = sum(r["output_tokens"] for r in done) / sum(r["wall_s"] for r in done)
+            rates[c] = sum(r["output_tokens"] for r in done) / sum(r.get("window_s") or r["wall_s"] for r in done)
         elif throughput.generation_tok_s and generation:
             rates[c] = throughput.generation_tok_s * min(1.0, c / generation)
         else:
@@ -185,8 +193,8 @@ def grid_plan(config: dict, sets: dict[str, tuple[int, int]], results: Path, thr
     start_s, start_source = config["plan"]["server_start_s"], "plan.server_start_s"
     if starts:
         start_s, start_source = statistics.fmean(starts), "measured (earlier evaluations)"
-    return GridPlan(sum(n - 1 for n in per_method.values()) * len(ev["concurrency"]), servers, tokens, rates,
-                    source, start_s, start_source)
+    return GridPlan(sum(n - 1 for n in per_method.values()) * len(ev["concurrency"]), servers, per_length, tokens,
+                    rates, source, start_s, start_source)
 
 
 def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
@@ -198,7 +206,16 @@ def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
     lines = ["", "## Evaluation grid", "",
              f"{grid.cells} cells (method x draft tokens x concurrency), {grid.servers} server starts ({start}), "
              f"~{sum(grid.tokens.values()):,.0f} output tokens ({rates}; {grid.rate_source}): "
-             + ("time unknown." if grid.seconds is None else f"**{grid.seconds / 3600:.1f} h**.")]
+             + ("time unknown." if grid.seconds is None else f"**{grid.seconds / 3600:.1f} h**."),
+             "- A schedule whose draft length changes with the batch is served once more after the pick (one start, "
+             "and the target alone again on a CPU)."]
+    if grid.start_s is not None:
+        hours = grid.per_length * grid.start_s / 3600
+        lines.append(f"- Each draft length of evaluation.num_speculative_tokens costs {grid.per_length} server starts "
+                     f"(~{hours:.1f} h of start-up alone): a shorter grid measures fewer of them. At T=0 the report "
+                     "derives tokens per step at every smaller draft length from the largest one's acceptance by "
+                     "position (EAGLE-3, n-gram, suffix), so a grid ranked by tokens per step (pick_by: tau) needs "
+                     "only the largest; speed-ups need each length served.")
     if grid.seconds is not None and training_s and grid.seconds > training_s:
         lines.append(f"- **The evaluation grid would take longer than the training ({training_s / 3600:.1f} h)**: "
                      "fewer concurrencies or draft lengths (evaluation.concurrency, num_speculative_tokens), fewer "
