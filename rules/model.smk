@@ -19,21 +19,27 @@ rule prepare_target:
 
 
 rule preflight:
-    """Everything that can be checked before the first expensive job, against the prepared target.
+    """Everything that can be checked before the first expensive job, against the prepared target, then
+    the engine check of each configured family (server.engine_check): an ancient() input of generation,
+    hidden states and warm start, so none of them starts before vLLM is known to serve the pair, whatever
+    the executor (under SLURM the other jobs are submitted only once it has passed).
 
     Once per target: config changes are checked while the DAG is built (with the target's facts
     from this folder), and a rule that reran on every config change would, through ancient(),
-    hide the reruns it should cause downstream."""
+    hide the reruns it should cause downstream (rule engine_check checks a family added later).
+    """
     input:
         model=target_input,
     output:
         PREFLIGHT,
     log:
         "logs/preflight.log",
-    threads: 1
+    threads: config["server"]["threads"]
     resources:
-        mem_mb=1000,
-        runtime=10,
+        gpu=config["server"]["gpus"] if config["server"]["engine_check"] else 0,
+        tasks_per_gpu=ONE_TASK_PER_JOB,
+        mem_mb=config["server"]["mem_mb"],
+        runtime=server_runtime(5 * len(FAMILIES), servers=len(FAMILIES)),
     script:
         "../scripts/preflight.py"
 
@@ -42,7 +48,8 @@ rule engine_check:
     """vLLM started on a weightless twin of the target (the same attention and cache shapes, four layers,
     a few experts) with a random drafter of each family: a pair the engine cannot serve fails here, in
     seconds for any target size, not at the export gate after training (server.engine_check: false skips it).
-    First of the ready jobs (priority); the pick reads it (see ENGINE_CHECK in common.smk for why no other job).
+    The preflight checked the families configured before any work; this job reuses those verdicts and checks
+    a family added or reshaped since (first of the ready jobs, by priority). The pick reads it.
     """
     input:
         model=target_input,

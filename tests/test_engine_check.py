@@ -4,6 +4,7 @@ of each family, and vLLM's verdict on the pair before any work."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -224,8 +225,10 @@ def test_the_failure_names_each_family_its_error_and_what_to_do():
     assert "serve on GPUs" not in ec.failure_message(results, "kimi", on_gpus=True)
 
 
-def run_adapter(tmp_path, monkeypatch, results: dict | None, engine_check: bool = True):
-    """scripts/engine_check.py as Snakemake runs it, with ``check`` answering ``results``."""
+def run_adapter(tmp_path, monkeypatch, results: dict | None, engine_check: bool = True, earlier: dict | None = None,
+                families: list[str] | None = None):
+    """scripts/engine_check.py as Snakemake runs it, with ``check`` answering ``results`` (for the families it
+    is asked about) and the preflight's verdicts ``earlier``."""
     import runpy
     import sys
     from types import SimpleNamespace
@@ -233,18 +236,28 @@ def run_adapter(tmp_path, monkeypatch, results: dict | None, engine_check: bool 
     from tests.conftest import REPO
 
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # run() points stderr at the job's log
-    monkeypatch.setattr(ec, "check", lambda *args, **kwargs: results)
+    asked = []
+
+    def check(target_dir, todo, *args, **kwargs):
+        asked.extend(todo)
+        return {f: results[f] for f in todo}
+
+    monkeypatch.setattr(ec, "check", check)
     target = tmp_path / "target"
     target.mkdir(parents=True)
     (target / "config.json").write_text(json.dumps(config_of("qwen3").to_dict()))
     out = tmp_path / "results" / "checks" / "engine.json"
     out.parent.mkdir(parents=True)
+    preflight = out.parent / "preflight.json"
+    preflight.write_text(json.dumps({"engine": earlier} if earlier else {}))
     sm = SimpleNamespace(config={"target": {"name": "tiny", "source": str(target)},
                                  "server": {"gpus": 0, "engine_check": engine_check}},
-                         params=SimpleNamespace(families=list(results or []), shapes={}), output=[str(out)],
+                         params=SimpleNamespace(families=families or list(results or []), shapes={}),
+                         input=SimpleNamespace(preflight=str(preflight)), output=[str(out)],
                          log=[str(tmp_path / "engine_check.log")], threads=1, resources=SimpleNamespace(gpu=0),
                          scriptdir=str(REPO / "scripts"))
     runpy.run_path(str(REPO / "scripts" / "engine_check.py"), init_globals={"snakemake": sm}, run_name="__main__")
+    run_adapter.asked = asked
     return out
 
 
@@ -263,9 +276,46 @@ def test_the_rule_fails_in_one_line_naming_the_family_and_what_to_do(tmp_path, m
 
 def test_the_rule_writes_the_verdicts_or_skips_when_switched_off(tmp_path, monkeypatch):
     served = {"eagle3": {"served": True, "seconds": 40.0, "drafts": 15, "error": None}}
-    assert json.loads(run_adapter(tmp_path / "a", monkeypatch, served).read_text()) == served
+    written = json.loads(run_adapter(tmp_path / "a", monkeypatch, served).read_text())
+    assert written == {"eagle3": {**served["eagle3"], "key": ec.key("eagle3", {}, {"gpus": 0, "engine_check": True})}}
     off = run_adapter(tmp_path / "b", monkeypatch, None, engine_check=False)
     assert json.loads(off.read_text()) == {"skipped": "server.engine_check is false"}
+
+
+def test_the_pick_reads_the_verdicts_made_before_work_and_checks_only_a_family_added_since(tmp_path, monkeypatch):
+    """The preflight checks the families configured before any work (every expensive job waits for it); the
+    check the pick reads starts no second server for the same question, and one for a family added later."""
+    server = {"gpus": 0, "engine_check": True}
+    eagle3 = {"served": True, "seconds": 40.0, "drafts": 15, "error": None, "key": ec.key("eagle3", {}, server)}
+    dflash = {"served": True, "seconds": 41.0, "drafts": 9, "error": None}
+    written = json.loads(run_adapter(tmp_path / "a", monkeypatch, {"dflash": dflash}, earlier={"eagle3": eagle3},
+                                     families=["eagle3", "dflash"]).read_text())
+    assert run_adapter.asked == ["dflash"] and written["eagle3"] == eagle3 and written["dflash"]["drafts"] == 9
+    # the same family checked with other server flags is checked again
+    stale = {**eagle3, "key": ec.key("eagle3", {}, {**server, "extra_args": ["--max-num-seqs", "8"]})}
+    run_adapter(tmp_path / "b", monkeypatch, {"eagle3": eagle3}, earlier={"eagle3": stale})
+    assert run_adapter.asked == ["eagle3"]
+
+
+def test_every_expensive_job_waits_for_the_engine_check_on_every_executor(tmp_path):
+    """Under the SLURM profile (jobs: 50) generation and extraction were submitted beside the engine check,
+    which only the pick read: a pair the engine cannot serve was found after hours of work there. The check
+    of the configured families runs in the preflight, an input of every expensive job; the DAG with the
+    profile's settings shows it."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    dag = subprocess.run([str(REPO / ".venv" / "bin" / "snakemake"), "--profile", "profiles/slurm", "-n", "--dag",
+                          "--forceall"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert dag.returncode == 0, dag.stderr[-3000:]
+    labels = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)', dag.stdout, re.M))
+    edges = {(labels[a], labels[b]) for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag.stdout, re.M)}
+    assert {("preflight", rule) for rule in ("generate", "hidden_states", "engine_check")} <= edges, edges
+    upstream = {rule: {a for a, b in edges if b == rule} for rule in labels.values()}
+    assert "preflight" in upstream["generate"] and "hidden_states" in upstream["train"]
+    script = (REPO / "scripts" / "preflight.py").read_text()
+    assert "engine_check.run(" in script  # the preflight job itself runs the check
 
 
 def server_config() -> dict:

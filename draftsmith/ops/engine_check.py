@@ -420,6 +420,49 @@ def check(target_dir: Path, families: list[str], server_cfg: dict, work: Path, l
     return results
 
 
+def key(family: str, shape: dict, server_cfg: dict) -> str:
+    """What a family's verdict depends on: its drafter's shape and how vLLM is started (the engine build, the
+    user's flags and environment, the dtype)."""
+    from draftsmith.core.digest import json_digest
+    from draftsmith.generation.server import engine_args
+
+    return json_digest({"family": family, "shape": shape, "gpus": server_cfg.get("gpus", 0) > 0,
+                        "args": engine_args(server_cfg, "vllm"), "env": server_cfg.get("env", {}),
+                        "dtype": server_cfg.get("dtype")}, 16)
+
+
+def verdicts(target_dir: Path, families: list[str], server_cfg: dict, work: Path, log_dir: Path,
+             trust_remote_code: bool, shapes: dict[str, dict], earlier: dict | None = None) -> dict:
+    """:func:`check` for each family whose ``earlier`` verdict (the preflight's, made before any work) was not
+    made with the same :func:`key`: the check before work and the pick's read one verdict, never two
+    servers for one question. Each verdict carries its key."""
+    keys = {family: key(family, shapes.get(family, {}), server_cfg) for family in families}
+    kept = {f: earlier[f] for f in families if (earlier or {}).get(f, {}).get("key") == keys[f]
+            and earlier[f].get("served") is not False}
+    todo = [f for f in families if f not in kept]
+    checked = check(target_dir, todo, server_cfg, work, log_dir, trust_remote_code, shapes) if todo else {}
+    for family in kept:
+        log.info("%s: served before any work, with the same shape and server settings", family)
+    return {f: {**(kept.get(f) or checked[f]), "key": keys[f]} for f in families}
+
+
+def run(target, families: list[str], server_cfg: dict, shapes: dict[str, dict], work: Path, log_dir: Path,
+        earlier: dict | None = None) -> dict:
+    """The verdicts of a job (:func:`verdicts` for ``target``, a :class:`~draftsmith.config.target.Target`),
+    raising the :func:`failure_message` when a family is not served."""
+    from draftsmith.config import target as targets
+
+    config = targets.config_path(target)
+    if config is None:
+        targets.load_config(target)  # raises FileNotFoundError saying where the config was looked for
+    results = verdicts(config.parent, families, server_cfg, work, log_dir, target.trust_remote_code, shapes, earlier)
+    log.info("engine check: %s", json.dumps(results))
+    failure = failure_message(results, target.name, on_gpus=server_cfg["gpus"] > 0)
+    if failure:
+        raise ValueError(failure)
+    return results
+
+
 def failure_message(results: dict, target: str, on_gpus: bool) -> str | None:
     """One line naming each family the engine cannot serve with ``target``, its key error line, and what to
     do; None when every family started was served."""
