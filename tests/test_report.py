@@ -269,3 +269,21 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
     # one baseline for the whole grid (GPUs): nothing to disagree with
     shared = {m: {**e, "baseline_shared": True} for m, e in (("eagle3", eagle3), ("suffix", suffix))}
     assert pick.load_changes(shared) == []
+
+
+def test_tokens_per_step_at_shorter_draft_lengths_are_derived_at_t0_and_checked_against_the_cells_measured():
+    """At T=0 EAGLE-3's first k drafts do not depend on the longest k: its acceptance by position there gives
+    tokens per step at every shorter length, and a grid ranked by tokens per step need not serve each."""
+    from draftsmith.evaluation.report import derived_lengths, derived_tokens_per_step
+
+    # 100 drafted steps at k=3 accepting 40, 20, 10 at positions 1-3: 170 tokens over 100 steps
+    acceptance = {"tokens_per_step": 1.7, "acceptance_rate_per_position": [0.4, 0.2, 0.1]}
+    assert derived_tokens_per_step(acceptance, 1) == pytest.approx(1.4)
+    assert derived_tokens_per_step(acceptance, 2) == pytest.approx(1.6)
+    assert derived_tokens_per_step(acceptance, 4) is None
+    # n-gram drafts on 1 step in 2: 150 tokens over 100 steps, 50 drafted, accepting 30 then 20
+    assert derived_tokens_per_step({"tokens_per_step": 1.5, "acceptance_rate_per_position": [0.6, 0.4]}, 1) == \
+        pytest.approx(1.3)
+    lines = derived_lengths(RESULTS)
+    assert "| EAGLE-3 | 2 | 1 | 1.240 | 1.200 |" in lines  # k=3's (0.4, 0.1) at T=0 against the k=1 cell measured
+    assert not any(line.startswith("| n-gram | 2 | 1 | ") and "–" in line for line in lines)

@@ -31,6 +31,12 @@ SUFFIX_PACKAGE = "arctic_inference"
 SUFFIX_PIN = "arctic-inference==0.3.0"
 
 
+# Methods whose first k drafts at a longer draft length are the drafts at k (EAGLE-3's chain, n-gram's and suffix
+# decoding's continuation of a match): at T=0 their acceptance by position at the longest k measured says what
+# each shorter k would accept (a block family drafts its whole block at once).
+CHAINS = (families.DEFAULT_FAMILY, *TRAINING_FREE)
+
+
 def is_trained(method: str) -> bool:
     return method in families.VLLM_METHOD
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
-from draftsmith.evaluation.methods import DISPLAY_NAME
+from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import load_changed, schedule_table
-from draftsmith.evaluation.pick import FIGURES, figures
+from draftsmith.evaluation.pick import FIGURES, figures, label_of
 from draftsmith.evaluation.schedule import describe
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
@@ -51,8 +51,6 @@ def _label(run: dict) -> str:
 def _cells(results: dict) -> list[tuple[str, dict]]:
     """Every measured cell of every method (the trained drafter's and each training-free method's),
     as (method, cell), in the listed order of methods, draft lengths and concurrencies."""
-    from draftsmith.evaluation.pick import label_of
-
     return [(method, cell) for method, evaluation in results["methods"].items()
             for cell in evaluation.get("cells", []) if cell["drafter"] == label_of(evaluation)]
 
@@ -406,6 +404,52 @@ def _generation(generation_stats: dict[str, dict]) -> list[str]:
     return lines
 
 
+def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
+    """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
+    (:data:`~draftsmith.evaluation.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
+    drafted step would have accepted the first ``k`` of what it accepted. With the run's tokens per step
+    ``T`` and its acceptance by position ``r``: ``1 + (T - 1) * sum(r[:k]) / sum(r)``. The steps are the ones
+    the longer length took, which a shorter one would place otherwise: an estimate, checked against the
+    cells measured where the grid has them."""
+    rates, per_step = acceptance.get("acceptance_rate_per_position") or [], acceptance.get("tokens_per_step")
+    if per_step is None or not rates or None in rates or k > len(rates):
+        return None
+    total = sum(rates)
+    return 1.0 + (per_step - 1.0) * sum(rates[:k]) / total if total else 1.0
+
+
+def derived_lengths(results: dict) -> list[str]:
+    """At T=0, tokens per step at every shorter draft length, derived from the longest one measured, beside the
+    cells the grid measured at those lengths: what a grid ranked by tokens per step need not serve."""
+    rows = []
+    for method, evaluation in results["methods"].items():
+        if method not in CHAINS:
+            continue
+        cells = [c for c in evaluation.get("cells", []) if c["drafter"] == label_of(evaluation) and c["runs"]]
+        for concurrency in sorted({c["concurrency"] for c in cells}):
+            here = {c["k"]: c for c in cells if c["concurrency"] == concurrency}
+            longest = here[max(here)]
+            greedy = [r for r in longest["runs"] if r["temperature"] == 0]
+            for k in range(1, longest["k"]):
+                derived = [derived_tokens_per_step(r["acceptance"], k) for r in greedy]
+                if not derived or None in derived:
+                    continue
+                measured = [r["acceptance"].get("tokens_per_step") for r in here[k]["runs"]
+                            if r["temperature"] == 0] if k in here else []
+                rows.append(f"| {DISPLAY_NAME[method]} | {concurrency} | {k} | {sum(derived) / len(derived):.3f} | "
+                            + (f"{sum(measured) / len(measured):.3f}" if measured and None not in measured else "–")
+                            + " |")
+    if not rows:
+        return []
+    return ["## Shorter draft lengths, derived", "",
+            "At T=0 a chain method's first k drafts are the same at any longer draft length, so the longest length "
+            "measured says what each shorter one accepts: tokens per step derived from its acceptance by position "
+            "(over the steps the longest length took: an estimate), beside the cells measured at that length. "
+            "Speed-ups are not derived: a shorter length drafts less per step and its cost must be measured.", "",
+            "| method | concurrency | draft tokens | derived tokens / step (T=0) | measured |",
+            "|---|---:|---:|---:|---:|", *rows]
+
+
 def _section(lines: list[str]) -> list[str]:
     return [*lines, ""] if lines else []
 
@@ -433,6 +477,7 @@ def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_p
     lines = ["# draftsmith report", "", *_serving(inputs.results), "", *_section(schedule_section(inputs)),
              *_section(load_changed(inputs.results)),
              f"![speed-up map]({speedup_map_name})", "", *_evaluation(inputs.results), "",
+             *_section(derived_lengths(inputs.results)),
              f"![acceptance and tokens per step]({plot_name})", "",
              *_with_plot(_families(inputs.results), f"![drafter families]({families_plot_name})"),
              *_training(inputs.training, inputs.vocab, inputs.gate), "", f"![training]({training_plot_name})", "",
