@@ -55,8 +55,10 @@ DEFAULT_RECIPES = {
     "ttt7_decay0.8": {"ttt_steps": 7, "ttt_step_loss_decay": 0.8},
     "lm_head_trained": {"train_lm_head": True},
 }
-SHARED = ("results/models", "results/checks", "results/prompts", "results/responses", "results/tokenized",
-          "results/merged", "results/hidden_states", "results/vocab")
+# What every recipe reads from the shared run. Not the engine check the pick reads: a recipe's drafter shape is
+# its own (rule engine_check reuses the preflight's verdict where the shape is the same, in the run's folder).
+SHARED = ("results/models", "results/checks/preflight.json", "results/prompts", "results/responses",
+          "results/tokenized", "results/merged", "results/hidden_states", "results/vocab")
 
 
 EMBEDDED = REPO / "config" / "config.yaml"  # the recipe configs change the CPU demo: laid over it

@@ -56,7 +56,7 @@ def measure_run(run: Path, config: dict, evaluation: dict, temperatures: list[fl
     target = resolve(config["target"], REPO)
     sets = ev.prompt_sets(evaluation, REPO)
     drafter = str(run / "results" / "drafter")
-    family, k = ev.drafted_per_step(drafter, evaluation["num_speculative_tokens"][0])
+    family, k = ev.drafted_per_step(drafter, picked_length(run))
     spec = ev.server_spec("vllm", target, config["server"], family, k, drafter)
     rows = []
     with managed_server(spec, run / "logs" / "reevaluate.server.log") as server:
@@ -73,6 +73,11 @@ def measure_run(run: Path, config: dict, evaluation: dict, temperatures: list[fl
                     print(f"{run.name} {name} T={t:g} #{repeat}: τ {rows[-1]['tau']:.3f} "
                           f"({measured['output_tokens']} tokens)", flush=True)
     return rows
+
+
+def picked_length(run: Path) -> int:
+    """The draft length the run's pick chose (its drafter's best at evaluation.pick_at), not the first listed."""
+    return json.loads((run / "results" / "evaluation" / "results.json").read_text())["pick"]["k"]
 
 
 def table(rows: list[dict]) -> list[str]:
