@@ -69,8 +69,21 @@ def test_evaluation_sampling_survives_chunked_prefill_at_t1(vllm):
     url, model, _ = vllm
     long_prompts = [Prompt(f"long{i}", [f"Repeat after me: {'draft token ' * 100}{i}"]) for i in range(3)]
     sampling = ev.sampling(8, 1.0, seeded=compute.has_accelerator())
-    result = asyncio.run(ev.run_set(url, model, long_prompts, sampling, concurrency=3))
-    assert result.requests == 3 and result.output_tokens > 0
+    result, _, _ = asyncio.run(ev.run_set(url, model, long_prompts, sampling, concurrency=3))
+    assert result.sent == 6 and result.output_tokens > 0
+
+
+def test_a_set_smaller_than_its_concurrency_holds_it_on_a_real_server(vllm):
+    """3 prompts "at concurrency 4" held at most 3 requests before, draining to one; now they are cycled to
+    two rounds, the window ends when the first worker runs out of work, and the engine's counter gives the
+    tokens generated inside it (the requests then running are cut, and the server is idle after)."""
+    url, model, _ = vllm
+    prompts = [Prompt(f"c{i}", [f"Count from {i} to {i + 30}, one number a line."]) for i in range(3)]
+    run, before, after = asyncio.run(ev.run_set(url, model, prompts, ev.sampling(24, 0.0, False), concurrency=4))
+    assert run.sent == 8 and run.held and run.in_flight >= 3.6, run
+    assert run.output_tokens == after["generated"] - before["generated"] > 0
+    assert run.completed < run.sent  # cut at the window's end, not drained
+    assert not ev.scrape_spec_counters(ev.root_of(url)).get("running")
 
 
 def test_the_model_computes_on_every_core_of_the_job(vllm):

@@ -93,6 +93,12 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     assert [(c["k"], c["concurrency"]) for c in ngram["cells"]] == [(3, 2)] and len(ngram["server_start_s"]) == 2
     assert ngram["cells"][0]["runs"][0]["acceptance"]["tokens_per_step"] >= 1.0
     assert [e["concurrency"] for e in report["serving"]] == [2] and report["serving"][0]["best"]
+    # every run held the concurrency it is labelled with
+    runs = [r for e in report["methods"].values() for c in e["cells"] + e["baseline"] for r in c["runs"]]
+    assert runs and all(r["held"] and r["mean_in_flight"] >= 0.9 * 2 for r in runs), runs
+    # the published method's one config for every batch size, beside the drafter
+    serving = json.loads((workdir / "results" / "drafter" / "serving.json").read_text())
+    assert serving["schedule"]["family"] == report["family"] and serving["speculative_config"]["model"] == "."
     # The windows of the measurements never overlap: one measurement at a time.
     windows = sorted(e["window"] for e in report["methods"].values())
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(windows)), windows
@@ -113,6 +119,48 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     gate = json.loads((workdir / "results" / "drafter" / "gate.json").read_text())
     assert gate["passed"] and gate["validation_first_token_accuracy"] > 0.1
     assert gate["acceptance"]["accepted_tokens"] > 0
+
+
+def test_vllm_serves_a_schedule_that_drafts_alone_and_stops_drafting_when_the_batch_fills(workdir, tmp_path):
+    """The schedule the card gives is vLLM's dynamic speculative decoding: served here as one config, k=3 for
+    a lone request and none from a batch of 3 up, each concurrency measured as the grid measures it."""
+    from draftsmith.data.datasets import Prompt
+    from draftsmith.evaluation import evaluate as ev
+    from draftsmith.evaluation import schedule
+    from draftsmith.generation.server import ServerSpec, managed_server
+
+    plan = {"family": "eagle3", "ranges": [[1, 2, 3], [3, 1024, 0]], "kind": "dynamic", "max_k": 3}
+    model = str(workdir / "results" / "models" / "smollm2-135m-instruct")
+    served = schedule.speculative_config(plan, str(workdir / "results" / "drafter"), {})
+    spec = ev.for_measurement(ServerSpec(model=model, max_model_len=1024, speculative_config=served,
+                                         cpu_only=not compute.has_accelerator(),
+                                         env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout_s=600,
+                                         dtype=compute.choose().dtype))
+    prompts = {"held": [Prompt(f"s{i}", [f"Write a short story about the number {i}."]) for i in range(4)]}
+    grid = ev.Grid(prompts, [0.0], 24, [1, 4], False, "vllm")
+    measured = ev.measure_cells(grid, model, [{"concurrency": c, "runs": [{"output_tok_s": 1.0}]} for c in (1, 4)],
+                                {("schedule", 3): lambda: managed_server(spec, tmp_path / "server.log")})
+    alone, full = ({c["concurrency"]: c["runs"][0]["acceptance"] for c in measured["cells"]}[c] for c in (1, 4))
+    assert alone["drafts"] > 0 and alone["draft_tokens"] == 3 * alone["drafts"], alone
+    assert full["drafts"] <= 2, full  # none once the batch holds 3 (a draft or two while it fills)
+
+
+def test_a_recipe_runs_from_the_shared_results_without_redoing_them(workdir, tmp_path, monkeypatch):
+    """benchmarks/recipes.py's dry-run path on a finished run as the shared folder: every recipe was refused,
+    its dry run planning the engine check the shared run never built, in the shared folder."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    recipes = importlib.import_module("recipes")
+    monkeypatch.setattr(recipes, "EMBEDDED", CONFIG)  # the shared run was made with the e2e config alone
+    run = tmp_path / "runs" / "fc_norm-seed1"
+    recipes.link_shared(run, workdir, recipes.SHARED)
+    overlay = run / "recipe.yaml"
+    overlay.write_text(yaml.safe_dump({"train": {"fc_norm": True, "seed": 1}}))
+    planned = recipes.planned_outputs(recipes.snakemake(run, [overlay], "results/evaluation/results.json",
+                                                        dry_run=True))
+    recipes.refuse_shared_reruns(run, planned)
+    assert "results/train/eagle3/training.json" in planned and "results/checks/engine.cpu.json" in planned
 
 
 def test_generation_records_and_stats(workdir):
