@@ -246,14 +246,16 @@ def run_adapter(tmp_path, monkeypatch, results: dict | None, engine_check: bool 
     target = tmp_path / "target"
     target.mkdir(parents=True)
     (target / "config.json").write_text(json.dumps(config_of("qwen3").to_dict()))
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "results" / "checks" / "engine.json"
     out.parent.mkdir(parents=True)
-    preflight = out.parent / "preflight.json"
-    preflight.write_text(json.dumps({"engine": earlier} if earlier else {}))
+    if earlier:
+        ec.BEFORE_WORK.parent.mkdir(parents=True)
+        ec.BEFORE_WORK.write_text(json.dumps(earlier))
     sm = SimpleNamespace(config={"target": {"name": "tiny", "source": str(target)},
                                  "server": {"gpus": 0, "engine_check": engine_check}},
                          params=SimpleNamespace(families=families or list(results or []), shapes={}),
-                         input=SimpleNamespace(preflight=str(preflight)), output=[str(out)],
+                         output=[str(out)],
                          log=[str(tmp_path / "engine_check.log")], threads=1, resources=SimpleNamespace(gpu=0),
                          scriptdir=str(REPO / "scripts"))
     runpy.run_path(str(REPO / "scripts" / "engine_check.py"), init_globals={"snakemake": sm}, run_name="__main__")
@@ -314,8 +316,37 @@ def test_every_expensive_job_waits_for_the_engine_check_on_every_executor(tmp_pa
     assert {("preflight", rule) for rule in ("generate", "hidden_states", "engine_check")} <= edges, edges
     upstream = {rule: {a for a, b in edges if b == rule} for rule in labels.values()}
     assert "preflight" in upstream["generate"] and "hidden_states" in upstream["train"]
-    script = (REPO / "scripts" / "preflight.py").read_text()
-    assert "engine_check.run(" in script  # the preflight job itself runs the check
+
+
+def test_the_preflight_job_checks_the_configured_families_and_keeps_its_verdicts(tmp_path, monkeypatch):
+    """What the preflight job runs (preflight.check): every problem, then the engine check of each configured
+    family, its verdicts kept for the check the pick reads; a pair the engine cannot serve fails it."""
+    from draftsmith.config.load import load_layers, validate_config
+    from draftsmith.config.target import resolve
+    from draftsmith.ops import preflight
+    from tests.conftest import REPO
+    from tests.test_config import DEFAULT
+
+    monkeypatch.chdir(tmp_path)
+    cfg = validate_config(load_layers([DEFAULT], {"train": {"families": ["eagle3", "dflash"]}}))
+    asked = []
+
+    def check(target_dir, families, *args, **kwargs):
+        asked.append(families)
+        return {f: {"served": f == "eagle3", "seconds": 1.0, "drafts": 3 if f == "eagle3" else None,
+                    "error": None if f == "eagle3" else "ValueError: no"} for f in families}
+
+    monkeypatch.setattr(ec, "check", check)
+    monkeypatch.setattr("draftsmith.config.target.config_path", lambda target: tmp_path / "config.json")
+    with pytest.raises(ValueError, match=r"cannot serve target .* with a drafter of family dflash"):
+        preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
+    assert asked == [["eagle3", "dflash"]] and not ec.BEFORE_WORK.exists()
+    cfg["train"]["families"] = ["eagle3"]
+    preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
+    assert json.loads(ec.BEFORE_WORK.read_text())["eagle3"]["served"] is True
+    cfg["server"]["engine_check"] = False
+    preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
+    assert len(asked) == 2  # switched off: no server
 
 
 def server_config() -> dict:

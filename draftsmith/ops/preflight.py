@@ -14,7 +14,7 @@ from pathlib import Path
 from draftsmith.config.layers import aux_layer_problem, default_aux_layers
 from draftsmith.config.target import Facts, Target
 from draftsmith.evaluation import methods
-from draftsmith.ops import devices
+from draftsmith.ops import devices, engine_check
 from draftsmith.training import families, probe
 
 
@@ -32,13 +32,14 @@ def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) 
     return found
 
 
-def notices(config: dict, base_dir: Path) -> list[str]:
-    """What will run differently from what the config asks, said before any work (not an error)."""
+def notices(config: dict, base_dir: Path | None = None) -> list[str]:
+    """What will run differently from what the config asks, said before any work (not an error); with
+    ``base_dir`` (while Snakemake builds the DAG), the evaluation sets too small for a concurrency."""
     on_gpus = config["server"]["gpus"] > 0
     unserved = [f"train.families: {family}: {why}" for family in config["train"]["families"]
                 if (why := families.not_served_here(family, on_gpus=on_gpus))]
     return unserved + [why for why in (methods.engine_notice(config["evaluation"]),) if why] + \
-        _cycled_sets(config["evaluation"], base_dir)
+        (_cycled_sets(config["evaluation"], base_dir) if base_dir is not None else [])
 
 
 def _cycled_sets(evaluation: dict, base_dir: Path) -> list[str]:
@@ -49,6 +50,8 @@ def _cycled_sets(evaluation: dict, base_dir: Path) -> list[str]:
 
     found = []
     for name, entry in evaluation["prompt_sets"].items():
+        if entry["source"].startswith("hf:") and local_source(entry["source"], base_dir) is None:
+            continue  # a hub set is not loaded while the DAG is built (every dry run would); the report says
         try:
             count = len(load_configured(entry, base_dir).prompts)
         except Exception:  # an unreadable set is _files' problem, reported there
@@ -66,9 +69,14 @@ def _cycled_sets(evaluation: dict, base_dir: Path) -> list[str]:
 
 
 def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> None:
+    """The preflight job's checks: every problem at once, then the engine check of the configured families
+    (:func:`draftsmith.ops.engine_check.before_work`), so that no expensive job, each of which waits for
+    this one, starts before vLLM is known to serve the target with each family."""
     found = problems(config, target, base_dir, facts)
     if found:
         raise PreflightError(found)
+    if config["server"]["engine_check"]:
+        engine_check.before_work(config, target)
 
 
 def local_source(source: str, base_dir: Path) -> Path | None:
