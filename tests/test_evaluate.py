@@ -195,7 +195,11 @@ def test_a_slow_start_or_a_killed_server_fails_the_job_instead_of_dropping_the_m
         def started():
             if fails:
                 raise fails
-            yield SimpleNamespace(base_url=name, proc=SimpleNamespace(poll=lambda: exit_code))
+            running = SimpleNamespace(base_url=name, exited_before_stop=None)
+            try:
+                yield running
+            finally:  # as managed_server reads it, before stopping the server
+                running.exited_before_stop = exit_code
         return started
 
     def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting):
@@ -248,7 +252,7 @@ def test_on_gpus_the_target_alone_is_measured_once_for_the_whole_grid(monkeypatc
     shared = {"baseline": [{"concurrency": 2, "runs": [{"set": "held", "temperature": 0.0, "output_tok_s": 40.0}]}],
               "window": [0.0, 1.0], "server_start_s": [30.0]}
     measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")}, shared)
-    assert started == ["k3"] and measured["baseline_shared"] and measured["server_start_s"] != [30.0, 30.0]
+    assert started == ["k3"] and measured["baseline_shared"] and len(measured["server_start_s"]) == 1
     assert measured["cells"][0]["runs"][0]["speedup"] == 1.5
 
 
@@ -260,9 +264,15 @@ def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full
     # two requests over [0, 10]: one all through, one from 5 to past the end
     assert ev.mean_in_flight([(0.0, 10.0), (5.0, None)], 0.0, 10.0) == pytest.approx(1.5)
     assert ev.mean_in_flight([(-1.0, 4.0), (2.0, 12.0)], 0.0, 10.0) == pytest.approx(1.2)
-    run = ev.SetRun(prompts=12, concurrency=16, sent=32, completed=17, output_tokens=900, window_s=3.0, in_flight=14.0)
+    run = ev.SetRun(prompts=12, concurrency=16, sent=32, completed=17, output_tokens=900, window_s=3.0, in_flight=14.0,
+                    dispatched=32)
     assert not run.held and run.as_dict()["repeats"] == 2.67
     assert ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).held
+    # The client held 16 in flight, but the engine ran 8 (max_num_seqs 8): the rest waited in its queue.
+    queued = ev.SetRun(12, 16, 32, 17, 900, 3.0, in_flight=16.0, running=8.0, dispatched=32)
+    assert not queued.held and queued.as_dict()["mean_running"] == 8.0
+    # MT-bench's two turns per prompt: 160 requests from 80 prompts sent once
+    assert ev.SetRun(80, 1, 160, 159, 9000, 60.0, 1.0, dispatched=80).as_dict()["repeats"] == 1.0
 
 
 def test_sglang_figures_are_each_cells_own_from_per_request_counts():

@@ -290,8 +290,11 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
             raise server.StartupTimeout("server not healthy after 3600 s (server.startup_timeout_s)")
         if fault == "oom_killed":
             raise server.ServerExited("server exited with code -9 before it was ready", -9)
-        yield SimpleNamespace(base_url="http://127.0.0.1:9/v1",
-                              proc=SimpleNamespace(poll=lambda: -9 if fault == "killed_drafting" else None))
+        running = SimpleNamespace(base_url="http://127.0.0.1:9/v1", exited_before_stop=None)
+        try:
+            yield running
+        finally:  # as managed_server reads it, before stopping the server
+            running.exited_before_stop = -9 if fault == "killed_drafting" else None
 
     async def dying(*args):
         if fault == "rejected":

@@ -63,6 +63,31 @@ def test_server_that_dies_reports_its_log(tmp_path):
     assert "last lines of" in str(err.value)
 
 
+def test_how_a_server_ended_is_read_before_draftsmith_stops_it(tmp_path, monkeypatch):
+    """Read after the server's context closed, a server draftsmith itself stopped showed -15 (its SIGTERM), and
+    a method's own failure on a live server counted as the machine's, failing every rerun. What ended it is
+    read before it is stopped: nothing for a live one, the signal for one the OOM killer ended."""
+    import os
+    import signal
+    import sys
+
+    health = ("import http.server, sys\n"
+              "class H(http.server.BaseHTTPRequestHandler):\n"
+              "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+              "    def log_message(self, *args): pass\n"
+              "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    monkeypatch.setattr(ServerSpec, "command", lambda self, port: [sys.executable, "-c", health, str(port)])
+    spec = ServerSpec(model="m", startup_timeout_s=60)
+    with managed_server(spec, tmp_path / "alive.log") as alive:
+        pass
+    assert alive.exited_before_stop is None and alive.proc.returncode < 0  # our own stop
+    with pytest.raises(RuntimeError), managed_server(spec, tmp_path / "killed.log") as killed:
+        os.kill(killed.proc.pid, signal.SIGKILL)
+        killed.proc.wait()
+        raise RuntimeError("the request failed")
+    assert killed.exited_before_stop == -signal.SIGKILL
+
+
 def test_sglang_command_and_its_limits():
     from draftsmith.generation.server import generation_spec
 

@@ -1,13 +1,15 @@
 """Measure serving methods: the same held-out prompts through the target alone and with each method, on
 a grid of draft lengths and concurrencies, one server at a time.
 
-A method's job (:func:`measure_method`) measures the target alone first, at every concurrency, set and
-temperature, then each draft length of the method on a server of its own at the same points: every
-speed-up divides by a baseline measured in the same window (the job holds the machine for its
-measurements; ``rules/evaluate.smk``), never by one measured earlier beside other work.
+Each set is measured at a concurrency it holds (:func:`run_set`): that many requests in flight from the
+first sent until the first worker runs out of work, a small set's prompts cycled, the requests running at
+the window's end cut, and the tokens counted by the engine. A method's job (:func:`measure_method`) serves
+each draft length of the method on a server of its own at every point; every speed-up divides by the
+target alone at the same point, measured first in the same job on a CPU, or once for the whole grid where
+the platform says so (:func:`draftsmith.core.platform.baseline_once_per_grid`: dedicated GPUs).
 
-Acceptance is read from the drafting server's own Prometheus counters, as deltas around each prompt
-set (after its warm-up request), so it is the engine's measurement, not ours. Two figures come of it:
+Acceptance is read from the drafting server's own Prometheus counters, as deltas over each window (after
+a warm-up request), so it is the engine's measurement, not ours. Two figures come of it:
 τ, vLLM's **pooled** mean acceptance length per draft (``1 + accepted draft tokens / drafts``), and
 **tokens per target step** over all steps (output tokens / (output tokens - accepted tokens): every
 target step gives one token plus the drafts it accepted). The second is the one that compares a
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -92,8 +95,10 @@ def acceptance(before: dict[str, float], after: dict[str, float], output_tokens:
 # A set is sent as at least this many rounds of the concurrency: a set smaller than that is repeated (its
 # prompts cycled in order), so that the window holds the batch full for more than its first prefill.
 FULL_ROUNDS = 2
-# A concurrency counts as held when the requests in flight over the timed window average at least this share of it.
+# A concurrency counts as held when the requests the engine runs over the timed window average at least this
+# share of it (a max_num_seqs or a KV cache smaller than the batch leaves the rest waiting in its queue).
 HELD = 0.9
+SAMPLE_S = 0.5  # how often the engine's running requests are read during a window
 
 
 def requests_for(prompts: int, concurrency: int) -> int:
@@ -110,22 +115,26 @@ class SetRun:
 
     prompts: int
     concurrency: int
-    sent: int  # requests sent (the set's prompts cycled to fill the concurrency)
+    sent: int  # requests sent (each turn of a prompt one; the set's prompts cycled to fill the concurrency)
     completed: int  # requests answered inside the window
     output_tokens: int  # generated inside the window
     window_s: float
-    in_flight: float  # requests in flight, averaged over the window
+    in_flight: float  # requests in flight from the client, averaged over the window
+    running: float | None = None  # requests the engine ran, averaged over its reading every SAMPLE_S
+    dispatched: int = 0  # prompts sent (a prompt's turns, one after another, are one)
     verify_steps: int | None = None  # SGLang: target steps of the completed requests (per-request counts)
     completed_tokens: int | None = None  # tokens of the completed requests
 
     @property
     def held(self) -> bool:
-        return self.in_flight >= HELD * self.concurrency
+        """What the engine ran (requests in flight from the client, where it gives no reading) held the batch."""
+        return (self.running if self.running is not None else self.in_flight) >= HELD * self.concurrency
 
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
                 "window_s": round(self.window_s, 3), "mean_in_flight": round(self.in_flight, 2),
-                "held": self.held, "repeats": round(self.sent / self.prompts, 2),
+                "mean_running": None if self.running is None else round(self.running, 2), "held": self.held,
+                "repeats": round(self.dispatched / self.prompts, 2),
                 "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
 
 
@@ -162,6 +171,8 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     done = {"requests": 0, "tokens": 0, "steps": 0}
     closed = asyncio.Event()  # the first worker out of work: from then on fewer than `concurrency` are in flight
     failures: list[Exception] = []
+    running: list[float] = []
+    total = len(queue)
 
     async def worker() -> None:
         try:
@@ -187,17 +198,25 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         async def counters() -> dict:
             return parse_counters((await metrics.get(root + "/metrics")).text, engine)
 
+        async def sample() -> None:  # what the engine runs, which a client cannot see (its queue)
+            while True:
+                await asyncio.sleep(SAMPLE_S)
+                reading = (await counters()).get("running")
+                if reading is not None and not closed.is_set():
+                    running.append(reading)
+
         before = await counters()
         start = time.monotonic()
         workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        sampler = asyncio.create_task(sample())
         try:
             await closed.wait()
             after = await counters()
             end = time.monotonic()
         finally:
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            for task in (*workers, sampler):
+                task.cancel()
+            await asyncio.gather(*workers, sampler, return_exceptions=True)
             await client.aclose()
         if failures:
             raise failures[0]
@@ -205,8 +224,8 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     generated = after.get("generated")
     run = SetRun(len(prompts), concurrency, len(spans), done["requests"],
                  int(generated - before.get("generated", 0.0)) if generated is not None else done["tokens"],
-                 end - start, mean_in_flight(spans, start, end), done["steps"] if per_request else None,
-                 done["tokens"])
+                 end - start, mean_in_flight(spans, start, end), statistics.fmean(running) if running else None,
+                 total - len(queue), done["steps"] if per_request else None, done["tokens"])
     return run, before, after
 
 
@@ -304,8 +323,9 @@ def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, co
     run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting))
     result = run.as_dict()
     if not run.held:
-        log.warning("%.1f requests in flight on average, not the %d asked: this run does not hold its concurrency",
-                    run.in_flight, concurrency)
+        log.warning("the engine ran %s requests and %.1f were in flight on average, not the %d asked: this run "
+                    "does not hold its concurrency (a max_num_seqs or KV cache below it queues the rest)",
+                    "–" if run.running is None else f"{run.running:.1f}", run.in_flight, concurrency)
     if drafting and engine == "vllm":
         result["acceptance"] = acceptance(before, after, result["output_tokens"])
     elif drafting:
@@ -429,9 +449,11 @@ def _started(grid: Grid, model: str, server: Callable[[], AbstractContextManager
 
 
 def exit_code(running) -> int | None:
-    """A started server's exit code, None while it runs (or when none was started)."""
-    proc = getattr(running, "proc", None)
-    return proc.poll() if proc is not None else None
+    """How a started server had ended when draftsmith stopped it (:class:`RunningServer`), None if it still ran
+    then (or none was started): read after its context closed, its own exit code would be draftsmith's signal.
+    An OOM kill of vLLM's engine process, not of the API server, shows as the API server's error exit: the
+    method's, as far as this can tell."""
+    return getattr(running, "exited_before_stop", None)
 
 
 def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContextManager]) -> dict:

@@ -147,6 +147,7 @@ class RunningServer:
     base_url: str
     proc: subprocess.Popen
     log_path: Path
+    exited_before_stop: int | None = None  # its exit code when it had ended before draftsmith stopped it
 
     def exit_message(self) -> str | None:
         """None while the server runs; once it has exited, a message saying so with its log's tail."""
@@ -167,12 +168,16 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[RunningServer]:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=server_env(spec.env), preexec_fn=_die_with_parent)
     previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    running = None
     try:
         root = f"http://{spec.host}:{port}"
         _wait_healthy(proc, root, spec.startup_timeout_s, log_path)
         log.info("server ready at %s (pid %d)", root, proc.pid)
-        yield RunningServer(root + "/v1", proc, log_path)
+        running = RunningServer(root + "/v1", proc, log_path)
+        yield running
     finally:
+        if running is not None:  # how it ended, before stop() ends it by signal
+            running.exited_before_stop = proc.poll()
         stop(proc)
         signal.signal(signal.SIGTERM, previous)
 
