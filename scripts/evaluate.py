@@ -22,7 +22,7 @@ def main() -> None:
     skip = methods.not_measured(method, sm.resources.gpu > 0, gate)
     if skip:
         log.warning("%s: not measured: %s", method, next(iter(skip.values())))
-        write_json(sm.output.results, {**record, **skip, "baseline": [], "cells": []})
+        write_json(sm.output.results, {**record, **skip, "baseline": [], "cells": [], **ev.machine_record(server_cfg)})
         return
     drafters = {}
     if record["trained"]:

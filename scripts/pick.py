@@ -17,15 +17,14 @@ def load(path):
 def main() -> None:
     families, params = sm.params.families, sm.params
     evaluations = {Path(p).stem: load(p) for p in sm.input.evaluations}
-    figure = platform.ranking_figure(params.pick_by, pick.device_of(evaluations[families[0]]))
+    figure = platform.ranking_figure(params.pick_by, pick.measured_on(evaluations))
     if figure != params.pick_by:
         log.warning("ranked by %s, not evaluation.pick_by %s: measured on a CPU, where speed-ups do not carry "
                     "over to GPUs", pick.FIGURES[figure], pick.FIGURES[params.pick_by])
     rows = [pick.summary(family, evaluations[family], load(training), Path(weights).stat().st_size, figure,
                          params.pick_at)
             for family, training, weights in zip(families, sm.input.trainings, sm.input.drafters, strict=True)]
-    changed = [c for c in pick.load_changes(evaluations) if c["concurrency"] == params.pick_at]
-    chosen, why = pick.choose(rows, figure, params.pick_at, changed)
+    chosen, why = pick.choose(rows, figure, params.pick_at)
     log.info("picked %s by %s at concurrency %d: %s", chosen, figure, params.pick_at, why)
     for row in rows:
         if not row["served"]:

@@ -14,7 +14,7 @@ def main() -> None:
         raise pick.NothingToPick("evaluation.training_free is empty (or its methods are not measured with "
                                  "evaluation.engine sglang): there is no training-free method to measure; list "
                                  "ngram or suffix there")
-    figure = platform.ranking_figure(sm.params.pick_by, pick.device_of(next(iter(evaluations.values()))))
+    figure = platform.ranking_figure(sm.params.pick_by, pick.measured_on(evaluations))
     serving = pick.serving(evaluations, sm.params.concurrency, figure)
     pick.require_measured(evaluations, serving, figure)
     write_text(Path(sm.output.markdown), training_free_markdown(evaluations, serving, figure))

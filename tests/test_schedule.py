@@ -61,3 +61,18 @@ def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_serve
             '[64, 1024, 0]]}\'') in text
     assert "| 64 | 0.98× | 1.000 | plain serving (no speculation) k=0 | 1.00× | 1.000 |" in text
     assert "| 16 | 1.25× | 1.600 | EAGLE-3 k=1 | 1.30× | 1.500 |" in text
+
+
+def test_a_schedule_vllm_could_not_serve_is_not_recommended():
+    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from tests.test_report import card_inputs
+
+    results = {**pick.results({"eagle3": EAGLE3}, [pick.summary("eagle3", EAGLE3, grid.training(), 1, "speedup", 1)],
+                              "eagle3", "why", [1, 16, 64], "speedup", 1, {}), "on_accelerator": True}
+    plan = schedule.build(results["serving"], "eagle3")
+    served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}),
+              "measured": {"cells": [{"drafter": "schedule", "k": 3, "concurrency": c, "runs": [],
+                                      "failed": "ServerExited: server exited with code 1 before it was ready"}
+                                     for c in (1, 16, 64)]}}
+    text = "\n".join(card_schedule(card_inputs(results, serving=served)))
+    assert "**vLLM could not serve it here** (ServerExited" in text and "vllm serve" not in text

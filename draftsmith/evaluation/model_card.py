@@ -123,8 +123,11 @@ def serving(inputs: CardInputs) -> list[str]:
 
 def _training_free_ahead(inputs: CardInputs, ranked: list[dict], ours: int | None, figure: str) -> list[str]:
     """Every training-free method ranked above this drafter at a band, each with its command, whether or not
-    another trained family beat it too."""
-    ahead = [cell for cell in ranked[:ours] if not cell["trained"] and cell["method"] != PLAIN]
+    another trained family beat it too; on an accelerator, only those that beat the target alone as well
+    (one below it is no setting to serve)."""
+    plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), len(ranked))
+    above = min(len(ranked) if ours is None else ours, plain if inputs.results.get("on_accelerator") else len(ranked))
+    ahead = [cell for cell in ranked[:above] if not cell["trained"] and cell["method"] != PLAIN]
     lines = []
     for cell in ahead:
         against = f"this drafter's {ranked[ours]['score']:.3f}" if ours is not None else "this drafter, not measured"
@@ -155,10 +158,14 @@ def schedule(inputs: CardInputs) -> list[str]:
         said = [f"{DISPLAY_NAME[plan['family']]} drafts {_tokens(plan['max_k'])} at every measured concurrency, so "
                 "one fixed config serves every batch size; the grid measured it (`serving.json` holds it):"]
     else:
+        failed = [c["failed"] for c in (served.get("measured") or {}).get("cells", []) if c.get("failed")]
         said = [f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`, read by its "
-                f"scheduler at every step): {describe(plan)}. One command for mixed traffic (`serving.json` holds "
-                "the config; SGLang has no such schedule: use the per-band commands above):"]
-        command += ["", *schedule_table(served.get("measured") or {}, inputs.results)]
+                f"scheduler at every step): {describe(plan)}. "
+                + (f"**vLLM could not serve it here** ({failed[0]}): use the per-band commands above." if failed
+                   else "One command for mixed traffic (`serving.json` holds the config; SGLang has no such "
+                        "schedule: use the per-band commands above). vLLM ignores it with data parallelism "
+                        "(`--data-parallel-size` above 1), serving the largest k at every batch size:")]
+        command = ([] if failed else command) + ["", *schedule_table(served.get("measured") or {}, inputs.results)]
     return ["## One config for every batch size", "", *said, "", *command]
 
 

@@ -2,8 +2,9 @@
 ``results/drafter/``, from measurements only.
 
 Every method (each trained family, each training-free one) was measured in a job of its own, against
-the target alone measured in the same window, on the same prompt sets and temperatures, at every
-concurrency of ``evaluation.concurrency`` and each of its draft lengths: a **cell** is one (method,
+the target alone (in the same window on a CPU, once for the grid on GPUs), on the same prompt sets and
+temperatures, at every concurrency of ``evaluation.concurrency`` and each of its draft lengths: a **cell**
+is one (method,
 draft length, concurrency). A cell's figure for ``pick_by`` is ``speedup``, the geometric mean of its
 speed-ups over sets and temperatures (a ratio: one set twice as fast and one half as fast is no gain),
 or ``tau``, the mean tokens per target step (over all steps, so that a training-free method that
@@ -16,7 +17,9 @@ drafts only where it finds a match is counted like a drafter that always drafts)
   under :data:`~draftsmith.evaluation.evaluate.HELD` of it) is not ranked at a concurrency it did not hold.
 - Where the target alone, at one concurrency, set and temperature, read speeds more than
   :data:`LOAD_TOLERANCE` apart in the windows of different methods, the machine's load changed between
-  them: the speed-ups at that concurrency compare windows as much as methods, and the entry says so.
+  them: the speed-ups at that concurrency compare windows as much as methods, and the entry says so. That
+  happens on a CPU, where each method measures its own baseline; there the ranking is by tokens per step
+  (:func:`draftsmith.core.platform.ranking_figure`), which load does not touch, so no pick rests on them.
 - ``results/drafter/`` is the trained family whose best cell at ``evaluation.pick_at`` is best. A family
   the engine cannot serve here, or whose export or gate failed, has no figure and is left out with its
   reason; the pick fails only when no family was measured. A tie goes to the family listed first.
@@ -90,16 +93,16 @@ def plain_cell(concurrency: int) -> dict:
 
 
 def serving(evaluations: dict[str, dict], concurrencies: list[int], pick_by: str) -> list[dict]:
-    """Per concurrency: every method's best cell and plain serving, ranked by ``pick_by`` (methods in the
-    listed order on a tie, plain serving last: a method that merely draws level is not worth serving), the
-    best with its margin over the next method, the best trained against the best training-free one, and the
-    windows whose target alone disagreed (:func:`load_changes`)."""
+    """Per concurrency: every method's best cell and plain serving, ranked by ``pick_by`` (plain serving
+    first on a tie: a method that merely draws level is not worth serving; methods in the listed order),
+    the best with its margin over the next method, the best trained against the best training-free one, and
+    the windows whose target alone disagreed (:func:`load_changes`)."""
     changes = load_changes(evaluations)
     out = []
     for c in concurrencies:
         best = [cell for e in evaluations.values() if (cell := best_cell(e, c, pick_by))]
         measured = bool(best)
-        ranked = sorted([*best, plain_cell(c)] if measured else [], key=lambda cell: -cell["score"])  # stable
+        ranked = sorted([plain_cell(c), *best] if measured else [], key=lambda cell: -cell["score"])  # stable
         entry: dict = {"concurrency": c, "ranked": ranked, "best": ranked[0] if ranked else None}
         if len(ranked) > 1:
             entry["runner_up"] = ranked[1]
@@ -179,21 +182,7 @@ def cell_runs(evaluation: dict, best: dict) -> list[dict]:
                 and (c["k"], c["concurrency"]) == (best["k"], best["concurrency"]))
 
 
-def choose(rows: list[dict], pick_by: str, pick_at: int, load_changed: list[dict] = ()) -> tuple[str, str]:
-    """The picked family and why, with the margin over the next one; by speed-up with the machine's load
-    changed between windows at ``pick_at`` (:func:`load_changes`), the why names it."""
-    family, why = _choose(rows, pick_by, pick_at)
-    if pick_by == "speedup" and load_changed:
-        worst = max(load_changed, key=lambda change: change["spread"])
-        why += (f"; but the target alone read {', '.join(f'{m} {v:g}' for m, v in worst['baseline_tok_s'].items())} "
-                f"tok/s in different windows ({worst['set']}, T={worst['temperature']:g}, {worst['spread']:+.0%}): "
-                "the machine's load changed between measurements, so these speed-ups compare windows as much as "
-                "families; measure again on a quiet machine, or pick by tokens per target step "
-                "(evaluation.pick_by: tau), which load does not touch")
-    return family, why
-
-
-def _choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
+def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
     ranked = sorted((r for r in rows if r["score"] is not None), key=lambda r: -r["score"])  # stable: ties keep order
     if not ranked:
         why = "; ".join(f"{r['family']}: {r.get('reason') or 'no ' + FIGURES[pick_by] + ' measured'}" for r in rows)
@@ -215,7 +204,7 @@ def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: st
             pick_by: str, pick_at: int, ngram: dict) -> dict:
     """``results/evaluation/results.json``: the pick, the serving table per concurrency, every family's row,
     every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows)."""
-    winner, first = next(r for r in rows if r["family"] == chosen), evaluations[chosen]
+    winner, first = next(r for r in rows if r["family"] == chosen), evaluations[chosen]  # measured: it won
     return {"target": first["target"], "engine": first["engine"], "max_tokens": first["max_tokens"],
             "temperatures": first["temperatures"], "concurrency": concurrencies, "ngram": ngram,
             "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
@@ -229,6 +218,13 @@ def device_of(evaluation: dict) -> str:
     """The device the measurement's servers computed on (evaluations from before it was recorded say only
     whether there was an accelerator)."""
     return evaluation.get("device") or ("cuda" if evaluation.get("on_accelerator") else "cpu")
+
+
+def measured_on(evaluations: dict[str, dict]) -> str:
+    """The device of the grid: that of the first method measured (one left out, its gate failed or not served
+    here, started no server)."""
+    measured = [e for e in evaluations.values() if e.get("cells")] or list(evaluations.values())
+    return device_of(measured[0])
 
 
 def copy_drafter(source: Path, dest: Path) -> None:

@@ -23,6 +23,7 @@ class Inputs:
     training: dict
     gate: dict
     serving: dict | None = None  # serving.json: the published method's schedule and its measurement
+    tokenized: dict[str, dict] | None = None  # each generated dataset's tokenize stats (its answers' repetition)
 
 
 def _fmt(value, spec: str = ".2f") -> str:
@@ -278,7 +279,9 @@ def _evaluation(results: dict) -> list[str]:
         + _compute(results.get("compute")), "",
         "τ is the **pooled** mean acceptance length per draft, 1 + accepted draft tokens / drafts, from the server's "
         "`/metrics` counter deltas; tokens / step is output tokens over target steps (all of them). Each method's "
-        "speed-ups divide by the target alone measured in the same job, at the same concurrency.", "",
+        "speed-ups divide by the target alone at the same concurrency, set and temperature: "
+        + ("measured once for the whole grid (GPUs, measured one at a time)." if any(
+            e.get("baseline_shared") for e in results["methods"].values()) else "measured in the same job."), "",
         "| method | draft tokens | concurrency | in flight | prompt set | T | prompts | τ (pooled) | tokens / step | "
         "acceptance by position | baseline tok/s | tok/s | speed-up |",
         "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
@@ -393,6 +396,29 @@ def _data(prompt_stats: dict[str, dict], merge_stats: dict) -> list[str]:
     return lines
 
 
+def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
+    """Each dataset's looping answers: the distribution of the share of answer positions whose last tokens
+    already occurred in the answer, the rows a limit would drop, and the rows tokenize.max_repetition dropped."""
+    measured = {name: stats["repetition"] for name, stats in (tokenized or {}).items()
+                if stats.get("repetition", {}).get("rows")}  # tokenized before repetition was measured: none
+    if not measured:
+        return []
+    first = next(iter(measured.values()))
+    thresholds = list(first["at_or_above"])
+    lines = ["## Looping answers", "",
+             f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier in it "
+             "(a looping answer is easy to predict: validation rewards it and traffic does not loop). Rows at or "
+             "above a share are what `tokenize.max_repetition` there would drop.", "",
+             "| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"≥ {t}" for t in thresholds)
+             + " | dropped |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
+    for name, rep in measured.items():
+        dropped = f"{rep['dropped']} (limit {rep['limit']:g})" if rep.get("limit") is not None else "– (no limit)"
+        lines.append(f"| {name} | {rep['rows']} | {rep['mean']:.3f} | {rep['p50']:.3f} | {rep['p90']:.3f} | "
+                     f"{rep['max']:.3f} | " + " | ".join(str(rep["at_or_above"][t]) for t in thresholds)
+                     + f" | {dropped} |")
+    return lines
+
+
 def _generation(generation_stats: dict[str, dict]) -> list[str]:
     lines = ["## Response generation", "",
              "| dataset | records | errors | retries | truncated kept | dropped | with reasoning | completion tokens | "
@@ -481,7 +507,8 @@ def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_p
              f"![acceptance and tokens per step]({plot_name})", "",
              *_with_plot(_families(inputs.results), f"![drafter families]({families_plot_name})"),
              *_training(inputs.training, inputs.vocab, inputs.gate), "", f"![training]({training_plot_name})", "",
-             *_data(inputs.prompts, inputs.merge), "", *_generation(inputs.generation), ""]
+             *_data(inputs.prompts, inputs.merge), "", *_generation(inputs.generation), "",
+             *_section(_repetition(inputs.tokenized))]
     if not inputs.results.get("on_accelerator"):
         lines += ["Measured on a CPU: there the figure of merit is τ (tokens per target step), as drafting costs "
                   "about as much as the target's own step and no speed-up is expected; the speed-ups that matter "
