@@ -17,6 +17,7 @@ from draftsmith.core import (
     platform as devices,
 )  # not `platform`: the Snakefile shares Snakemake's globals
 from draftsmith.core.digest import json_digest
+from draftsmith.data.chat import tokenize_params
 from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs

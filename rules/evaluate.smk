@@ -143,6 +143,7 @@ rule report:
         results="results/evaluation/results.json",
         generation=expand("results/responses/{dataset}.stats.json", dataset=GENERATED),
         prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
+        tokenized=expand("results/tokenized/{dataset}.stats.json", dataset=GENERATED),
         merge="results/merged/stats.json",
         vocab="results/vocab/stats.json",
         trainings=expand("results/train/{family}/training.json", family=FAMILIES),

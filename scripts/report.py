@@ -18,7 +18,8 @@ def main() -> None:
     picked = next(t for t in map(load, sm.input.trainings) if t["family"] == results["family"])
     inputs = Inputs(results=results, generation=by_dataset(sm.input.generation),
                     prompts=by_dataset(sm.input.prompts), merge=load(sm.input.merge), vocab=load(sm.input.vocab),
-                    training=picked, gate=load(sm.input.gate), serving=load(sm.input.serving))
+                    training=picked, gate=load(sm.input.gate), serving=load(sm.input.serving),
+                    tokenized=by_dataset(sm.input.tokenized))
     write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot),
                  Path(sm.output.families_plot), Path(sm.output.speedup_map), Path(sm.output.table))
 

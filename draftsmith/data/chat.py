@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import atomic_path, write_jsonl
 from draftsmith.core.digest import ids_digest
+from draftsmith.data.repetition import NGRAM, answer_tokens, repeated_share, summary
 
 log = logging.getLogger(__name__)
 
@@ -280,10 +281,21 @@ class TokenizeSettings:
     multi_turn: str = "auto"
     max_prompt_mismatch_fraction: float = 0.01
     max_answer_mismatch_fraction: float = 0.05
+    max_repetition: float | None = None  # drop rows whose answers loop more (draftsmith.data.repetition)
 
     @classmethod
     def from_config(cls, cfg: dict) -> TokenizeSettings:
         return cls(**{k: v for k, v in cfg.items() if k in cls.__dataclass_fields__})
+
+
+# Settings added after projects were tokenized, which enter the tokenize job's params only when set: a new key
+# there would tokenize every finished project again, and retrain its drafter, for a setting it does not use.
+ADDED_WHEN_SET = ("max_repetition",)
+
+
+def tokenize_params(settings: dict) -> dict:
+    """The tokenize job's params from the config's ``tokenize`` section (results-relevant keys)."""
+    return {k: v for k, v in settings.items() if not (k in ADDED_WHEN_SET and v is None)}
 
 
 def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, dataset: str,
@@ -291,7 +303,7 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
     """Tokenize a responses file into a parquet table; unusable records go to ``rejects_out``."""
     renderer = Renderer(tokenizer, template_kwargs)
     layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
-    rows, rejects, checks = [], [], Checks()
+    rows, rejects, checks, shares, looping = [], [], Checks(), [], 0
     for number, rec in jsonl.read(responses):
         try:
             built = _record_rows(renderer, rec, layout, settings, checks)
@@ -305,6 +317,15 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
                 rejects.append({"file": str(responses), "row": number, "id": row_id,
                                 "reason": f"no assistant token within max_length={settings.max_length}"})
                 continue
+            share = repeated_share(answer_tokens(ids, mask))
+            shares.append(share)
+            if settings.max_repetition is not None and share > settings.max_repetition:
+                looping += 1
+                rejects.append({"file": str(responses), "row": number, "id": row_id,
+                                "reason": f"the answer loops: {share:.0%} of its positions repeat their last "
+                                          f"{NGRAM} tokens, above tokenize.max_repetition "
+                                          f"{settings.max_repetition:g}"})
+                continue
             rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
                          "loss_mask": mask, "seq_len": len(ids),
                          "truncated_to_max_length": len(row.input_ids) > settings.max_length})
@@ -313,9 +334,13 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
         log.warning("%s: %d rows rejected (see %s)", responses, len(rejects), rejects_out)
     write_parquet(rows, out)
     write_jsonl(rejects_out, rejects)
+    if looping:
+        log.warning("%s: %d looping answers dropped (tokenize.max_repetition %g)", responses, looping,
+                    settings.max_repetition)
     return {"layout": layout, "rows": len(rows), "rejected": len(rejects),
             "tokens": sum(r["seq_len"] for r in rows), "assistant_tokens": sum(sum(r["loss_mask"]) for r in rows),
-            "round_trip": checks.as_dict()}
+            "round_trip": checks.as_dict(), "repetition": {**summary(shares), "dropped": looping,
+                                                           "limit": settings.max_repetition}}
 
 
 def _record_rows(renderer: Renderer, record: dict, layout: str, settings: TokenizeSettings,
