@@ -25,7 +25,7 @@ source_built=$(grep -oE '^arctic-inference==[^ ]+' envs/requirements-cpu.txt)
 PIP_CONSTRAINT=envs/build-constraints.txt "${pip[@]}" wheel --no-deps "${torch_index[@]}" -w "$built" \
   "$source_built" &
 building=$!
-trap 'kill "$building" 2>/dev/null; rm -rf "$built"' EXIT
+trap 'kill "$building" 2>/dev/null || true; rm -rf "$built"' EXIT
 # torch with pip, which reads the machine's pip configuration (a local wheel, PyTorch's CPU index); everything
 # else with uv, which installs the ~3.5 GB in seconds where pip takes over a minute (and sees torch installed).
 "${pip[@]}" install "${torch_index[@]}" torch==2.13.0 uv==0.13.9 -c envs/constraints-cpu.txt
