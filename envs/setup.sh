@@ -27,9 +27,11 @@ PIP_CONSTRAINT=envs/build-constraints.txt "${pip[@]}" wheel --no-deps "${torch_i
 building=$!
 trap 'kill "$building" 2>/dev/null || true; rm -rf "$built"' EXIT
 # torch with pip, which reads the machine's pip configuration (a local wheel, PyTorch's CPU index); everything
-# else with uv, which installs the ~3.5 GB in seconds where pip takes over a minute (and sees torch installed).
+# else with uv, which installs the ~3.5 GB in seconds where pip takes over a minute (and sees torch installed),
+# compiled to bytecode there: where PYTHONDONTWRITEBYTECODE is set (this machine and CI) every job and server
+# process would otherwise compile all it imports, each time (~10 s more per vLLM start on 2 cores).
 "${pip[@]}" install "${torch_index[@]}" torch==2.13.0 uv==0.13.9 -c envs/constraints-cpu.txt
-uv=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -q)
+uv=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -q --compile-bytecode)
 grep -v "^${source_built}" envs/requirements-cpu.txt >"$built/requirements.txt"
 "${uv[@]}" -r "$built/requirements.txt" -c envs/constraints-cpu.txt
 wait "$building" || { echo "draftsmith: building $source_built failed (log above)" >&2; exit 1; }

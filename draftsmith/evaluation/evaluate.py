@@ -95,8 +95,7 @@ def acceptance(before: dict[str, float], after: dict[str, float], output_tokens:
 # A set is sent as at least this many rounds of the concurrency: a set smaller than that is repeated (its
 # prompts cycled in order), so that the window holds the batch full for more than its first prefill.
 FULL_ROUNDS = 2
-# A concurrency counts as held when the requests the engine runs over the timed window average at least this
-# share of it (a max_num_seqs or a KV cache smaller than the batch leaves the rest waiting in its queue).
+# A concurrency counts as held when the requests in flight over the timed window average at least this share of it.
 HELD = 0.9
 SAMPLE_S = 0.5  # how often the engine's running requests are read during a window
 
@@ -120,15 +119,17 @@ class SetRun:
     output_tokens: int  # generated inside the window
     window_s: float
     in_flight: float  # requests in flight from the client, averaged over the window
-    running: float | None = None  # requests the engine ran, averaged over its reading every SAMPLE_S
+    # Requests the engine ran, averaged over its reading every SAMPLE_S: below the concurrency while a request
+    # waits to be admitted (a long prompt's prefill, between one answer and the next), and capped by a
+    # max_num_seqs or a KV cache smaller than the batch, which queues the rest where no client sees it.
+    running: float | None = None
     dispatched: int = 0  # prompts sent (a prompt's turns, one after another, are one)
     verify_steps: int | None = None  # SGLang: target steps of the completed requests (per-request counts)
     completed_tokens: int | None = None  # tokens of the completed requests
 
     @property
     def held(self) -> bool:
-        """What the engine ran (requests in flight from the client, where it gives no reading) held the batch."""
-        return (self.running if self.running is not None else self.in_flight) >= HELD * self.concurrency
+        return self.in_flight >= HELD * self.concurrency
 
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
@@ -323,9 +324,8 @@ def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, co
     run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting))
     result = run.as_dict()
     if not run.held:
-        log.warning("the engine ran %s requests and %.1f were in flight on average, not the %d asked: this run "
-                    "does not hold its concurrency (a max_num_seqs or KV cache below it queues the rest)",
-                    "–" if run.running is None else f"{run.running:.1f}", run.in_flight, concurrency)
+        log.warning("%.1f requests in flight on average, not the %d asked: this run does not hold its concurrency",
+                    run.in_flight, concurrency)
     if drafting and engine == "vllm":
         result["acceptance"] = acceptance(before, after, result["output_tokens"])
     elif drafting:

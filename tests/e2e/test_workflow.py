@@ -95,7 +95,7 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     assert [e["concurrency"] for e in report["serving"]] == [2] and report["serving"][0]["best"]
     # every run held the concurrency it is labelled with
     runs = [r for e in report["methods"].values() for c in e["cells"] + e["baseline"] for r in c["runs"]]
-    assert runs and all(r["held"] and r["mean_running"] >= 0.9 * 2 for r in runs), runs  # what vLLM ran
+    assert runs and all(r["held"] and r["mean_in_flight"] >= 0.9 * 2 and 0 < r["mean_running"] <= 2 for r in runs), runs
     # the published method's one config for every batch size, beside the drafter
     serving = json.loads((workdir / "results" / "drafter" / "serving.json").read_text())
     assert serving["schedule"]["family"] == report["family"] and serving["speculative_config"]["model"] == "."
