@@ -51,6 +51,14 @@ def test_cpu_only_engine_settings_come_from_the_machine_not_the_config(monkeypat
     assert cpu.count("--enforce-eager") == 1 and cpu[-2:] == ["--tensor-parallel-size", "8"]
     assert spec_from_config(target, {**server, "extra_args": ["--enforce-eager"]}).command(1).count(
         "--enforce-eager") == 1
+    # vLLM-CPU's worker runs in its engine's process (no second spawn and import of vLLM), unless the user's
+    # flags ask for a parallel layout; a GPU server keeps vLLM's own executor.
+    plain_cpu = spec_from_config(target, {**server, "extra_args": []})
+    assert plain_cpu.command(1)[-2:] == ["--distributed-executor-backend", "uni"]
+    assert plain_cpu.process_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert "uni" not in cpu and spec_from_config(target, server).process_env() == {}
+    monkeypatch.setattr(compute, "has_accelerator", lambda: True)
+    assert "uni" not in spec_from_config(target, {**server, "extra_args": []}).command(1)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     assert server_env({})["VLLM_CPU_KVCACHE_SPACE"] == "2"  # vLLM-CPU does not start without one
     assert server_env({"VLLM_CPU_KVCACHE_SPACE": "1"})["VLLM_CPU_KVCACHE_SPACE"] == "1"
