@@ -17,7 +17,7 @@ from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.hidden_states import extract as hs
 from draftsmith.hidden_states.store import BACKEND, fingerprint, open_store, write_locations
 from draftsmith.ops.runner import run, target_of
-from draftsmith.training import families, placement, probe
+from draftsmith.training import families, placement, probe, replay
 from draftsmith.training import speculators_patches as patches
 from draftsmith.training import train as tr
 
@@ -109,6 +109,10 @@ def main() -> None:
     phases = json.loads(tr.phases_file(metrics).read_text())
     for epoch in validation:
         epoch["simulated_tau"] = tr.simulated_tau(epoch)
+    if family == families.DEFAULT_FAMILY and not online:  # what a server would accept, by epoch (EAGLE-3's chain)
+        rows = replay.validation_rows(merged, by_dataset, replay.ROWS, failed)
+        replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), rows, Path(tgt.model),
+                              cfg["ttt_steps"], device)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \
         tr.choose_checkpoint(run_dir / "checkpoints", validation[-1:])
     trained_tokens = cfg["epochs"] * sum(table[i]["seq_len"] for i in keep if table[i]["split"] == TRAIN)

@@ -16,6 +16,8 @@ import statistics
 NGRAM = 4  # a 4-token window: short enough to catch a short loop, long enough that ordinary text rarely repeats
 # The shares the report counts rows above (what a limit there would drop).
 THRESHOLDS = (0.3, 0.5, 0.7)
+# A row at or above this share is said to loop where figures are given with and without such rows.
+LOOPING = 0.5
 
 
 def repeated_share(tokens: list[int], n: int = NGRAM) -> float:

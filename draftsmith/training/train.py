@@ -444,12 +444,30 @@ def simulated_tau(metrics: dict) -> float:
     return 1.0 + sum(metrics[key] for key, _ in families.step_accuracies(metrics))
 
 
-def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dict]:
-    """The epoch checkpoint with the best simulated τ (the last one when no epoch was validated)."""
+def epoch_checkpoints(save_dir: Path) -> dict[int, Path]:
+    """Each epoch's checkpoint folder (speculators names them by epoch)."""
     epochs = {int(p.name): p for p in save_dir.iterdir()
               if p.name.isdigit() and not p.is_symlink() and (p / "model.safetensors").exists()}
     if not epochs:
         raise FileNotFoundError(f"{save_dir}: training wrote no checkpoint with model.safetensors")
+    return epochs
+
+
+def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dict]:
+    """The epoch checkpoint a server would accept most from: the best predicted served tokens per step
+    (:mod:`draftsmith.training.replay`, where every validated epoch has it), else the best simulated τ (the
+    last checkpoint when no epoch was validated)."""
+    epochs = epoch_checkpoints(save_dir)
+    predicted = [(v["predicted_served"]["tokens_per_step"], v["epoch"]) for v in validation
+                 if v.get("epoch") in epochs and (v.get("predicted_served") or {}).get("tokens_per_step")]
+    if predicted and len(predicted) == sum(v.get("epoch") in epochs for v in validation):
+        tau, epoch = max(predicted)
+        chosen = next(v for v in validation if v["epoch"] == epoch)
+        return epochs[epoch], {"epoch": epoch, "simulated_tau": simulated_tau(chosen), "predicted_served_tau": tau,
+                               "reason": f"best predicted served τ {tau:.3f} (the drafter replayed on "
+                                         f"{chosen['predicted_served']['rows']} validation rows as a server "
+                                         f"drafts and verifies) of {len(predicted)} epochs; speculators' simulated "
+                                         f"τ there {simulated_tau(chosen):.3f}"}
     scored = [(simulated_tau(v), v["epoch"]) for v in validation if v.get("epoch") in epochs]
     if not scored:
         last = max(epochs)

@@ -1,0 +1,71 @@
+"""The served acceptance predicted without a server: the drafter replayed on stored hidden states, walked as a
+server drafts and verifies, against the target's whole-vocabulary argmax."""
+
+import pytest
+import torch
+
+from draftsmith.training import replay
+from tests.test_export import make_drafter
+
+
+@pytest.fixture(scope="module")
+def drafter(target_dir, tmp_path_factory):
+    return make_drafter(target_dir, tmp_path_factory.mktemp("drafter") / "ckpt")
+
+
+def test_the_walk_counts_what_a_server_counts():
+    """A server drafts from the last committed token, accepts the leading drafts that are the target's tokens,
+    commits those and the target's own next one, and drafts again from there: a draft step counts only after
+    every earlier one of its step was accepted, and a position inside an accepted run is never a draft start."""
+    targets = list(range(100, 120))  # the target's token after each position
+    # a perfect drafter (its s-th draft from i is the target's token after i + s) ...
+    drafts = [[targets[i + s] if i + s < len(targets) else -1 for i in range(20)] for s in range(3)]
+    drafts[1][6] = -1  # ... whose second draft from position 6 is wrong
+    out = replay.walk(drafts, targets, first=2, last=12)
+    # from 2: 3 accepted -> 6; from 6: first accepted, second wrong -> 8; from 8: 3 -> 12 (the last)
+    assert out.steps == 3 and out.accepted == [3, 2, 2] and out.tokens == 11
+    figures = out.as_dict()
+    assert figures["acceptance_rate_per_position"] == [1.0, 2 / 3, 2 / 3]
+    assert figures["tokens_per_step"] == pytest.approx(1 + 7 / 3)
+    # a draft past the last token served (the gate's window) is not accepted
+    assert replay.walk(drafts, targets, first=2, last=4).accepted == [1, 1, 0]
+    nothing = replay.walk([[-1] * 20] * 3, targets, first=2, last=12)
+    assert nothing.steps == 10 and nothing.accepted == [0, 0, 0]
+
+
+def test_answer_turns_are_the_supervised_runs_of_a_row():
+    assert replay.turns([0, 0, 1, 1, 1, 0, 0, 1, 1]) == [(2, 4), (7, 8)]
+    assert replay.turns([0, 0]) == []
+
+
+def test_a_drafter_replayed_is_accepted_where_the_target_agrees_with_it(drafter, target_dir):
+    """The replay runs speculators' own forward on a real checkpoint and the target's whole-vocabulary head."""
+    rep = replay.Replay(drafter, target_dir)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 1000, (40,))
+    hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)
+    drafts, targets = rep.chains(ids, hidden, 3)
+    assert len(drafts) == 3 and all(len(d) == 40 for d in drafts) and len(targets) == 40
+    assert all(0 <= t < 49152 for t in targets)
+    perfect = [drafts[0][i] if i > 0 else 0 for i in range(40)]  # the target agreeing with every first draft
+    first_only = replay.walk(drafts, [perfect[i] if i + 1 < 40 else 0 for i in range(40)], 5, 30)
+    assert first_only.accepted[0] == first_only.steps
+
+
+def test_the_exported_checkpoint_is_the_one_a_server_would_accept_most_from(tmp_path):
+    """The simulated τ that chose the checkpoint rewarded loops and counted tokens no server can accept; where
+    every validated epoch has a predicted served figure, it chooses."""
+    from draftsmith.training import train as tr
+
+    for epoch in (0, 1):
+        (tmp_path / str(epoch)).mkdir()
+        (tmp_path / str(epoch) / "model.safetensors").write_bytes(b"")
+    validation = [{"epoch": 0, "full_acc_0_epoch": 0.30, "full_acc_1_epoch": 0.20,
+                   "predicted_served": {"tokens_per_step": 1.31, "rows": 20}},
+                  {"epoch": 1, "full_acc_0_epoch": 0.31, "full_acc_1_epoch": 0.25,
+                   "predicted_served": {"tokens_per_step": 1.28, "rows": 20}}]
+    path, choice = tr.choose_checkpoint(tmp_path, validation)
+    assert path.name == "0" and choice["predicted_served_tau"] == 1.31
+    assert "predicted served τ 1.310" in choice["reason"]
+    assert tr.choose_checkpoint(tmp_path, [{k: v for k, v in e.items() if k != "predicted_served"}
+                                           for e in validation])[0].name == "1"  # simulated τ: 1.56 against 1.50
