@@ -83,6 +83,7 @@ rule export:
         model=target_input,
         summary="results/train/{family}/training.json",
         table="results/merged/train.parquet",
+        manifests=manifests,  # the stored hidden states the gate's prediction replays the drafter on
     output:
         weights="results/drafters/{family}/final.safetensors",
         config="results/drafters/{family}/config.json",

@@ -5,18 +5,16 @@ import shutil
 from pathlib import Path
 
 from draftsmith.config import target
+from draftsmith.core import compute
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation import vllm_fixes
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
-from draftsmith.training import families
+from draftsmith.training import families, replay
 
 log = logging.getLogger("draftsmith.training.export")
-
-
-GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts its trained block)
 
 
 def failed(checkpoint: Path, reason: str, epoch: int) -> None:
@@ -27,6 +25,21 @@ def failed(checkpoint: Path, reason: str, epoch: int) -> None:
         shutil.copyfile(source, dest)
     write_json(sm.output.gate, {"passed": False, "served": None, "verdict": reason, "epoch": epoch})
     log.error("%s: left out of the pick: %s", sm.wildcards.family, reason)
+
+
+def predicted_at_gate(checkpoint: Path, tgt, family: str, rows: int, k: int) -> dict | None:
+    """What the gate's server should accept, by position: the exported checkpoint replayed on the same validation
+    rows, first turns and window (draftsmith.training.replay); None for a block family or online hidden states
+    (none stored to replay on)."""
+    if family != families.DEFAULT_FAMILY or not sm.input.manifests:
+        return None
+    manifests = [json.loads(Path(p).read_text()) for p in sm.input.manifests]
+    failed = {(Path(p).parent.name, row) for p, m in zip(sm.input.manifests, manifests, strict=True)
+              for row in m.get("failed_rows", [])}
+    stored = replay.validation_rows(Path(sm.input.table), replay.stores_of(sm.input.manifests), rows, failed)
+    walked, _ = replay.Replay(checkpoint, Path(tgt.model), compute.device()).predict(
+        stored, k, window=ex.GATE_WINDOW, first_turn_only=True)
+    return {**walked.as_dict(), "rows": len(stored), "window": ex.GATE_WINDOW}
 
 
 def main() -> None:
@@ -62,7 +75,7 @@ def main() -> None:
     chosen = next((v for v in summary["validation"] if v["epoch"] == epoch), {})
     expected = families.first_position_accuracy(chosen)
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
-    name, k = ev.drafted_per_step(str(drafter), GATE_CHAIN)
+    name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started = {}
     try:
         with managed_server(ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter)),
@@ -76,10 +89,12 @@ def main() -> None:
         ev.raise_unless_the_methods(err, f"the {family} gate", ev.exit_code(started.get("server")))
         failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
-    passed, verdict = ex.gate_verdict(acceptance, expected)
+    predicted = predicted_at_gate(checkpoint, tgt, family, len(rows), k)
+    passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
+                                "predicted": predicted, "positions": positions,
                                 "validation_first_token_accuracy": expected, "epoch": epoch,
-                                "validation_rows": len(rows)})
+                                "validation_rows": len(rows), "window": ex.GATE_WINDOW})
     (log.info if passed else log.error)("gate: %s%s", verdict, "" if passed else "; left out of the pick")
 
 

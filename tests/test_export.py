@@ -177,13 +177,31 @@ def test_checkpoints_vllm_would_mis_map_are_refused(tmp_path, drop, fc_cols, mes
 
 @pytest.mark.parametrize("rates, drafts, expected, passed, says", [
     ([0.30, 0.1], 40, 0.35, True, "served first-token acceptance 0.300 (validation 0.350)"),
-    ([0.01, 0.0], 40, 0.35, False, "far below the validation accuracy 0.350"),
+    ([0.01, 0.0], 40, 0.35, False, "far below the validation one 0.350"),
     ([0.0], 0, 0.35, False, "proposed no draft tokens"),
     ([0.0, 0.0], 40, 0.03, True, "too weak"),
 ])
 def test_the_export_gate(rates, drafts, expected, passed, says):
-    ok, verdict = ex.gate_verdict({"drafts": drafts, "acceptance_rate_per_position": rates}, expected)
+    ok, verdict, _ = ex.gate_verdict({"drafts": drafts, "acceptance_rate_per_position": rates}, expected)
     assert ok is passed and says in verdict
+
+
+def test_the_gate_compares_every_position_served_with_the_same_drafter_replayed_on_the_same_window():
+    """The demo's gate compared the first position served over 64 tokens with validation over whole answers
+    (step 3: 0.048 validated, 0.0026 served): another window, another vocabulary rule, looping tails. Now each
+    position is set beside what the drafter, replayed on the same rows and window, predicts; one below 0.8 of
+    it is flagged."""
+    served = {"drafts": 115, "acceptance_rate_per_position": [0.20, 0.026, 0.0]}
+    predicted = {"acceptance_rate_per_position": [0.232, 0.027, 0.0]}
+    ok, verdict, positions = ex.gate_verdict(served, 0.30, predicted=predicted)
+    assert ok and verdict == "served first-token acceptance 0.200 (predicted 0.232)"
+    assert [p["flag"] for p in positions] == [False, False, False] and positions[0]["ratio"] == pytest.approx(0.862,
+                                                                                                              abs=1e-3)
+    ok, verdict, positions = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.22, 0.01, 0.0]}, 0.30,
+                                             predicted=predicted)
+    assert ok and "position 2 served below 80% of the predicted acceptance" in verdict and positions[1]["flag"]
+    broken = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.01, 0.0, 0.0]}, 0.30, predicted=predicted)
+    assert not broken[0] and "far below the predicted one 0.232" in broken[1]
 
 
 def make_block_drafter(target_dir, dest, family, *flags):
@@ -233,7 +251,8 @@ def run_export_job(tmp_path, target_dir, family, checkpoint):
     out = tmp_path / "drafters" / family
     out.mkdir(parents=True)
     sm = SimpleNamespace(
-        wildcards=SimpleNamespace(family=family), input=SimpleNamespace(summary=str(summary), table="unused"),
+        wildcards=SimpleNamespace(family=family),
+        input=SimpleNamespace(summary=str(summary), table="unused", manifests=[]),
         output=SimpleNamespace(weights=str(out / "final.safetensors"), config=str(out / "config.json"),
                                gate=str(out / "gate.json"), sglang=str(out / "sglang")),
         log=SimpleNamespace(main=str(tmp_path / "export.log"), server=str(tmp_path / "export.server.log")),

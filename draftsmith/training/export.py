@@ -141,7 +141,11 @@ def export_sglang(checkpoint: Path, out_dir: Path) -> dict:
     return {"tensors": sorted(weights)}
 
 
-def gate_rows(merged: Path, count: int, max_tokens: int = 64) -> list[tuple[list[int], int]]:
+GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts its trained block)
+GATE_WINDOW = 64  # tokens of each answer the gate serves
+
+
+def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW) -> list[tuple[list[int], int]]:
     """``(prompt token ids, tokens to generate)`` of the first validation rows: the ids before the
     first supervised token, and as many tokens as that first answer has (capped)."""
     import pyarrow.compute as pc
@@ -161,20 +165,41 @@ def gate_rows(merged: Path, count: int, max_tokens: int = 64) -> list[tuple[list
     return rows
 
 
-def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1) -> tuple[bool, str]:
-    """Whether the served drafter behaves like the trained one.
+# A position whose served acceptance is below this share of the predicted one is flagged (not failed: the
+# drafter is served, but the engine accepts less there than the same drafter, replayed, says it should).
+PREDICTED_SHARE = 0.8
 
-    ``expected_first`` is the validation accuracy of the first drafted token; served, the first
-    position's acceptance rate should be of the same order. A broken mapping gives ~0.
+
+def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1,
+                 predicted: dict | None = None) -> tuple[bool, str, list[dict]]:
+    """Whether the served drafter behaves like the trained one, and the served acceptance by position beside
+    the predicted one (:mod:`draftsmith.training.replay` on the same rows and window), each flagged below
+    :data:`PREDICTED_SHARE` of it.
+
+    ``expected_first``: what the first position should accept, the predicted served rate where there is one
+    (``predicted``), else the validation accuracy of the first drafted token. Served, the first position's
+    acceptance rate should be of the same order; a broken vocabulary mapping gives ~0.
     """
+    served_rates = acceptance["acceptance_rate_per_position"] or []
+    predicted_rates = (predicted or {}).get("acceptance_rate_per_position") or []
+    positions = [{"position": i + 1, "served": served, "predicted": want,
+                  "ratio": served / want if want else None,
+                  "flag": bool(want) and served < PREDICTED_SHARE * want}
+                 for i, (served, want) in enumerate(zip(served_rates, predicted_rates, strict=False))]
+    source = "predicted" if predicted_rates else "validation"
+    expected_first = predicted_rates[0] if predicted_rates else expected_first
     drafts = acceptance["drafts"]
     if not drafts:
-        return False, "vLLM loaded the drafter but proposed no draft tokens"
-    served = (acceptance["acceptance_rate_per_position"] or [0.0])[0] or 0.0
+        return False, "vLLM loaded the drafter but proposed no draft tokens", positions
+    served = (served_rates or [0.0])[0] or 0.0
     if expected_first is None or expected_first < min_expected:
-        return True, (f"served first-token acceptance {served:.3f}; the drafter is too weak (validation "
-                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping")
+        return True, (f"served first-token acceptance {served:.3f}; the drafter is too weak ({source} "
+                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping"), positions
     if served < expected_first / 4:
-        return False, (f"served first-token acceptance {served:.3f} is far below the validation accuracy "
-                       f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target")
-    return True, f"served first-token acceptance {served:.3f} (validation {expected_first:.3f})"
+        return False, (f"served first-token acceptance {served:.3f} is far below the {source} one "
+                       f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target"), \
+            positions
+    flagged = [p["position"] for p in positions if p["flag"]]
+    return True, (f"served first-token acceptance {served:.3f} ({source} {expected_first:.3f})"
+                  + (f"; position{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))} served below "
+                     f"{PREDICTED_SHARE:.0%} of the predicted acceptance" if flagged else "")), positions
