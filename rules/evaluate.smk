@@ -148,6 +148,7 @@ rule report:
         vocab="results/vocab/stats.json",
         trainings=expand("results/train/{family}/training.json", family=FAMILIES),
         gate="results/drafter/gate.json",
+        gates=expand("results/drafters/{family}/gate.json", family=FAMILIES),
         serving="results/drafter/serving.json",
     output:
         markdown="results/report/report.md",
@@ -196,6 +197,7 @@ rule model_card:
         sglang="results/drafter/sglang",
         drafter_config="results/drafter/config.json",
         serving="results/drafter/serving.json",
+        gate="results/drafter/gate.json",
     output:
         card=report(
             "results/drafter/README.md",

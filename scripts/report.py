@@ -19,7 +19,8 @@ def main() -> None:
     inputs = Inputs(results=results, generation=by_dataset(sm.input.generation),
                     prompts=by_dataset(sm.input.prompts), merge=load(sm.input.merge), vocab=load(sm.input.vocab),
                     training=picked, gate=load(sm.input.gate), serving=load(sm.input.serving),
-                    tokenized=by_dataset(sm.input.tokenized))
+                    tokenized=by_dataset(sm.input.tokenized),
+                    gates={Path(p).parent.name: load(p) for p in sm.input.gates})
     write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot),
                  Path(sm.output.families_plot), Path(sm.output.speedup_map), Path(sm.output.table))
 

@@ -78,8 +78,12 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert ("| n-gram | 1 | 8 | 7.9 (7.5) | everyday | 1 | 3 | 1.100 | 1.100 | 0.40, 0.10 | 40.0 | 42.0 | 1.05× |"
             in text)
     # time to quality per epoch; a run recorded before train_s existed shows none
-    assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.5 min | ✔ |" in text
-    assert "| 2 | 7.200 | 0.100 | 0.010 | 1.110 | – |  |" in text
+    assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | – | – | 1.5 min | ✔ |" in text  # (trained before predictions)
+    assert "| 2 | 7.200 | 0.100 | 0.010 | 1.110 | – | – | – |  |" in text
+    predicted = {**TRAINING, "validation": [{**TRAINING["validation"][0], "predicted_served": {
+        "tokens_per_step": 1.12, "rows": 20, "without_looping_rows": {"tokens_per_step": 1.08, "rows": 17}}}]}
+    assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.120 | 1.080 (17 of 20 rows) | 1.5 min | ✔ |" in report(
+        tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, predicted, GATE))
     assert "**Exported: epoch 1** (best simulated τ 1.150)" in text and "Export gate: passed" in text
     assert "Loss computed **eager**, forward compiled (torch.compile works (12 s); the fused loss failed" in text
     assert "| first step | 24.2 |" in text and "| of which compiling | 18.0 |" in text
@@ -314,3 +318,23 @@ def test_on_gpus_a_training_free_method_slower_than_the_target_alone_is_not_reco
     assert "Serve without speculation here" in band_16 and "n-gram" not in band_16
     on_cpu = card(card_inputs({**results, "on_accelerator": False})).split("### Concurrency 16 and above")[1]
     assert "**n-gram, which needs no drafter, beat this drafter here**" in on_cpu.split("## ")[0]
+
+
+def test_the_report_and_the_card_show_served_against_predicted_by_position_and_flag_a_shortfall(tmp_path):
+    """speculators#613: good validation metrics, acceptance ≈ 1.05 in vLLM. The gate's served acceptance
+    stands beside the drafter's own prediction on the same rows and window, each position's ratio given and
+    one below 0.8 flagged."""
+    from draftsmith.evaluation.model_card import card
+
+    gate = {**GATE, "acceptance": {"drafts": 115, "acceptance_rate_per_position": [0.2, 0.01, 0.0]},
+            "predicted": {"rows": 8, "drafts": 112, "acceptance_rate_per_position": [0.232, 0.027, 0.0]},
+            "positions": [{"position": 1, "predicted": 0.232, "served": 0.2, "ratio": 0.862, "flag": False},
+                          {"position": 2, "predicted": 0.027, "served": 0.01, "ratio": 0.370, "flag": True},
+                          {"position": 3, "predicted": 0.0, "served": 0.0, "ratio": None, "flag": False}]}
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, gate,
+                                   gates={"eagle3": gate, "dflash": {"passed": True, "verdict": "old gate"}}))
+    assert "## Served against predicted, by position" in text
+    assert "| 1 | 0.232 | 0.200 | 0.86 |  |" in text and "| 2 | 0.027 | 0.010 | 0.37 | **below 0.8** |" in text
+    assert "| 3 | 0.000 | 0.000 | – |  |" in text and "Over 8 rows: 112 drafts predicted, 115 served." in text
+    assert "| 2 | 0.027 | 0.010 | 0.37 | **below 0.8** |" in card(card_inputs(RESULTS, gate=gate))
+    assert "Served against predicted" not in card(card_inputs(RESULTS, gate=GATE))  # a gate from before: none
