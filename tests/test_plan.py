@@ -100,6 +100,7 @@ def test_each_family_is_planned_with_its_own_epochs_and_pace(tmp_path):
     ds = plan.plan_dataset("regenerated", config["datasets"]["regenerated"], [Prompt(f"p{i}", ["x"]) for i in
                                                                               range(25_000)], 150, 0.5, tmp_path, 10240)
     markdown, _ = plan.render([ds], KIMI, config, throughput, 2.9e12, "plan.free_tb")
+    assert "Validation holds out 2,500 of the ~25,000 answers' prompts (merge.validation_fraction 0.1" in markdown
     assert "| train eagle3 | 530,750,000 sequence tokens x epochs | 30,000 tok/s (measured (earlier run)) | 4.9 h |" \
         in markdown
     assert "| train dflash | 1,061,500,000 sequence tokens x epochs | 7,500 tok/s (measured (earlier run)) | 39.3 h |" \

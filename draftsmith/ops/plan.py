@@ -18,6 +18,7 @@ from pathlib import Path
 from draftsmith.config.target import Facts
 from draftsmith.core import jsonl, platform
 from draftsmith.core.units import TB, human_bytes
+from draftsmith.data.merge import MIN_VALIDATION_PROMPTS, validation_prompts
 from draftsmith.evaluation import methods
 from draftsmith.evaluation.evaluate import requests_for
 from draftsmith.generation.generate import journals_of
@@ -299,7 +300,12 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
         source = throughput.sources.get(key, "set plan.throughput." + key.split(".")[0])
         lines.append(f"| {name} | {work:,.0f} {unit} | {f'{rate:,.0f} tok/s' if rate else 'unknown'} ({source}) | "
                      f"{_hours(work, rate)} | {money} |")
-    lines += ["", "## Disk", "",
+    prompts = sum(p.samples for p in plans)
+    held_out = validation_prompts(round(prompts), config["merge"]["validation_fraction"])
+    lines += ["", f"Validation holds out {held_out:,} of the ~{prompts:,.0f} answers' prompts "
+              f"(merge.validation_fraction {config['merge']['validation_fraction']:g}, at least "
+              f"{MIN_VALIDATION_PROMPTS} or a quarter): the predicted served τ that chooses the checkpoint replays the "
+              "drafter on up to 256 of them.", "", "## Disk", "",
               f"- Hidden states, offline in {storage}: **{human_bytes(layouts['shards'])}** in shards, "
               f"{human_bytes(layouts['per_row'])} one file per row ({rows:,.0f} files)"
               + ("" if storage == "fp8" else f"; in fp8: {human_bytes(in_fp8)} ({hs_cfg['layout']})")

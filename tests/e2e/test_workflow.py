@@ -119,6 +119,13 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     gate = json.loads((workdir / "results" / "drafter" / "gate.json").read_text())
     assert gate["passed"] and gate["validation_first_token_accuracy"] > 0.1
     assert gate["acceptance"]["accepted_tokens"] > 0
+    # What the server accepted, position by position, is what the drafter replayed on the same rows and
+    # window predicts (within 0.8 wherever the prediction is large enough to be measured), and the exported
+    # epoch is the one with the best predicted served τ.
+    measured = [p for p in gate["positions"] if p["predicted"] and p["predicted"] >= 0.05]
+    assert measured and all(p["ratio"] >= 0.8 and not p["flag"] for p in measured), gate["positions"]
+    assert gate["predicted"]["window"] == 64 and "predicted served τ" in training["chosen"]["reason"]
+    assert all(v["predicted_served"]["rows"] > 0 for v in training["validation"])
 
 
 def test_vllm_serves_a_schedule_that_drafts_alone_and_stops_drafting_when_the_batch_fills(workdir, tmp_path):
