@@ -21,17 +21,24 @@ torch_index=()
 # The one package built from source (arctic-inference: its suffix tree is C++, ~40 s to build) is built by pip on
 # the second core while the first installs the rest, then installed as a wheel.
 built=$(mktemp -d)
+building=
+stop_building() { [[ -z $building ]] || kill -- "-$building" 2>/dev/null || true; rm -rf "$built"; }
+trap stop_building EXIT
 source_built=$(grep -oE '^arctic-inference==[^ ]+' envs/requirements-cpu.txt)
-PIP_CONSTRAINT=envs/build-constraints.txt "${pip[@]}" wheel --no-deps "${torch_index[@]}" -w "$built" \
+# setsid: a process group of its own, so that a failed install stops the build's compiler too
+PIP_CONSTRAINT=envs/build-constraints.txt setsid "${pip[@]}" wheel --no-deps "${torch_index[@]}" -w "$built" \
   "$source_built" &
 building=$!
-trap 'kill "$building" 2>/dev/null || true; rm -rf "$built"' EXIT
 # torch with pip, which reads the machine's pip configuration (a local wheel, PyTorch's CPU index); everything
 # else with uv, which installs the ~3.5 GB in seconds where pip takes over a minute (and sees torch installed),
 # compiled to bytecode there: where PYTHONDONTWRITEBYTECODE is set (this machine and CI) every job and server
 # process would otherwise compile all it imports, each time (~10 s more per vLLM start on 2 cores).
 "${pip[@]}" install "${torch_index[@]}" torch==2.13.0 uv==0.13.9 -c envs/constraints-cpu.txt
 uv=("$VENV/bin/uv" pip install --python "$VENV/bin/python" -q --compile-bytecode)
+# uv reads no pip configuration: the index pip is pointed at, and the system's certificates (a proxy's)
+export UV_NATIVE_TLS=1
+[[ -n ${PIP_INDEX_URL:-} ]] && export UV_INDEX_URL=${UV_INDEX_URL:-$PIP_INDEX_URL}
+[[ -n ${PIP_EXTRA_INDEX_URL:-} ]] && export UV_EXTRA_INDEX_URL=${UV_EXTRA_INDEX_URL:-$PIP_EXTRA_INDEX_URL}
 grep -v "^${source_built}" envs/requirements-cpu.txt >"$built/requirements.txt"
 "${uv[@]}" -r "$built/requirements.txt" -c envs/constraints-cpu.txt
 wait "$building" || { echo "draftsmith: building $source_built failed (log above)" >&2; exit 1; }

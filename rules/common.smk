@@ -49,7 +49,10 @@ DATASETS = sorted(config["datasets"])
 BASE_MODEL = config["target"]["base_model"] or (
     TARGET.source if TARGET.kind == "hub" else TARGET.name
 )
-CONFIG_DIGEST = json_digest(RESULT, 16)
+# A setting added since a project ran (its default unset) must not change that project's digest.
+CONFIG_DIGEST = json_digest(
+    {**RESULT, "tokenize": tokenize_params(RESULT["tokenize"])}, 16
+)
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]
 

@@ -27,19 +27,14 @@ def failed(checkpoint: Path, reason: str, epoch: int) -> None:
     log.error("%s: left out of the pick: %s", sm.wildcards.family, reason)
 
 
-def predicted_at_gate(checkpoint: Path, tgt, family: str, rows: int, k: int) -> dict | None:
+def predicted_at_gate(checkpoint: Path, tgt, family: str, rows: int, skip: set, stores: dict, k: int) -> dict | None:
     """What the gate's server should accept, by position: the exported checkpoint replayed on the same validation
     rows, first turns and window (draftsmith.training.replay); None for a block family or online hidden states
     (none stored to replay on)."""
-    if family != families.DEFAULT_FAMILY or not sm.input.manifests:
+    if family != families.DEFAULT_FAMILY or not stores:
         return None
-    manifests = [json.loads(Path(p).read_text()) for p in sm.input.manifests]
-    failed = {(Path(p).parent.name, row) for p, m in zip(sm.input.manifests, manifests, strict=True)
-              for row in m.get("failed_rows", [])}
-    stored = replay.validation_rows(Path(sm.input.table), replay.stores_of(sm.input.manifests), rows, failed)
-    walked, _ = replay.Replay(checkpoint, Path(tgt.model), compute.device()).predict(
-        stored, k, window=ex.GATE_WINDOW, first_turn_only=True)
-    return {**walked.as_dict(), "rows": len(stored), "window": ex.GATE_WINDOW}
+    return replay.at_gate(checkpoint, Path(sm.input.table), stores, skip, Path(tgt.model), rows, k, ex.GATE_WINDOW,
+                          compute.device())
 
 
 def main() -> None:
@@ -74,7 +69,8 @@ def main() -> None:
         return
     chosen = next((v for v in summary["validation"] if v["epoch"] == epoch), {})
     expected = families.first_position_accuracy(chosen)
-    rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"])
+    stores, left_out = replay.open_stores(sm.input.manifests)  # rows whose extraction failed: not gated either
+    rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], skip=left_out)
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started = {}
     try:
@@ -89,7 +85,7 @@ def main() -> None:
         ev.raise_unless_the_methods(err, f"the {family} gate", ev.exit_code(started.get("server")))
         failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
-    predicted = predicted_at_gate(checkpoint, tgt, family, len(rows), k)
+    predicted = predicted_at_gate(checkpoint, tgt, family, len(rows), left_out, stores, k)
     passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
                                 "predicted": predicted, "positions": positions,

@@ -15,27 +15,13 @@ from draftsmith.core.digest import file_sha256, json_digest
 from draftsmith.data.merge import TRAIN, train_ratio
 from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.hidden_states import extract as hs
-from draftsmith.hidden_states.store import BACKEND, fingerprint, open_store, write_locations
+from draftsmith.hidden_states.store import BACKEND, fingerprint, write_locations
 from draftsmith.ops.runner import run, target_of
 from draftsmith.training import families, placement, probe, replay
 from draftsmith.training import speculators_patches as patches
 from draftsmith.training import train as tr
 
 log = logging.getLogger("draftsmith.training.train")
-
-
-def stores(manifest_paths):
-    """Each dataset's hidden-state store, as its manifest describes it (shards verified), and the rows
-    whose extraction failed every attempt."""
-    out, failed = {}, set()
-    for path in map(Path, manifest_paths):
-        manifest = json.loads(path.read_text())
-        store = open_store(path.parent, manifest["fingerprint"], manifest["layout"])
-        if manifest["layout"] == "shards":
-            store.verify(full=sm.config["hidden_states"]["verify"] == "checksum")
-        out[path.parent.name] = store
-        failed |= {(path.parent.name, row) for row in manifest.get("failed_rows", [])}
-    return out, failed
 
 
 def main() -> None:
@@ -56,7 +42,8 @@ def main() -> None:
                                pretrained / "check.json" if pretrained else None)
     states = fingerprint(target.fingerprint(tgt), aux, facts.num_layers, "vllm" if online else hs_cfg["backend"],
                          "bf16" if online else hs_cfg["storage"])
-    by_dataset, failed = stores(sm.input.manifests) if not online else ({}, set())
+    by_dataset, failed = replay.open_stores(sm.input.manifests, sm.config["hidden_states"]["verify"]) \
+        if not online else ({}, set())
     table = pq.read_table(merged, columns=["dataset", "source_row", "split", "seq_len"]).to_pylist()
     keep = [i for i, r in enumerate(table) if (r["dataset"], r["source_row"]) not in failed]
     if len(keep) < len(table):
@@ -88,31 +75,37 @@ def main() -> None:
         aux, facts.num_layers, run_dir / "online_staging")) if online else None
     if server:
         server.env = {**shares.server_env, **server.env}  # a binding the config sets wins
-    with managed_server(server, Path(sm.log.server)) if online else nullcontext() as extractor:
-        argv = tr.speculators_args(
+    def speculators_argv(endpoint: str | None) -> list[str]:
+        return tr.speculators_args(
             cfg, verifier=tgt.model, data_dir=data_dir, save_dir=run_dir / "checkpoints", d2t=Path(sm.input.d2t),
             t2d=Path(sm.input.t2d), aux_layers=aux, train_ratio=train_ratio(n_train, rows), device=device,
             log_dir=run_dir / "logs", num_workers=ops["num_workers"], from_pretrained=pretrained,
-            hidden_states_backend="file" if online else BACKEND,
-            vllm_endpoint=extractor.base_url if online else None, dtype=dtype.dtype,
+            hidden_states_backend="file" if online else BACKEND, vllm_endpoint=endpoint, dtype=dtype.dtype,
             trust_remote_code=tgt.trust_remote_code, loss_implementation=trainer.loss_implementation,
             compile_=trainer.compile, mask_token_id=mask and mask[0])
-        log.info("%s run %s (%d rows, %s hidden states, cpu=%s, %s: %s): speculators train %s", family, key, rows,
-                 hs_cfg["mode"], on_cpu, dtype.dtype, dtype.reason, " ".join(argv))
-        metrics = run_dir / "validation.jsonl"
-        processes = ops["processes"] or max(ops["gpus"], 1)
-        if processes > 1:
-            threads = shares.trainer_threads if online and shares.trainer_threads else sm.threads
-            validation = tr.train_under_torchrun(processes, metrics, argv, threads)
-        else:
-            validation = tr.train(argv, metrics)
+
+    metrics = run_dir / "validation.jsonl"
+    validation = tr.finished(metrics, run_dir / "checkpoints", cfg["epochs"])
+    if validation is not None:  # this job again (a rerun of its rule): no trainer, and no target served online
+        log.info("%s run %s trained every epoch already: nothing to train", family, key)
+        argv = speculators_argv(None)
+    else:
+        with managed_server(server, Path(sm.log.server)) if online else nullcontext() as extractor:
+            argv = speculators_argv(extractor.base_url if online else None)
+            log.info("%s run %s (%d rows, %s hidden states, cpu=%s, %s: %s): speculators train %s", family, key,
+                     rows, hs_cfg["mode"], on_cpu, dtype.dtype, dtype.reason, " ".join(argv))
+            processes = ops["processes"] or max(ops["gpus"], 1)
+            if processes > 1:
+                threads = shares.trainer_threads if online and shares.trainer_threads else sm.threads
+                validation = tr.train_under_torchrun(processes, metrics, argv, threads)
+            else:
+                validation = tr.train(argv, metrics)
     phases = json.loads(tr.phases_file(metrics).read_text())
     for epoch in validation:
         epoch["simulated_tau"] = tr.simulated_tau(epoch)
     if family == families.DEFAULT_FAMILY and not online:  # what a server would accept, by epoch (EAGLE-3's chain)
-        rows = replay.validation_rows(merged, by_dataset, replay.ROWS, failed)
-        replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), rows, Path(tgt.model),
-                              cfg["ttt_steps"], device)
+        replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), merged, by_dataset, failed,
+                              Path(tgt.model), cfg["ttt_steps"], device)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \
         tr.choose_checkpoint(run_dir / "checkpoints", validation[-1:])
     trained_tokens = cfg["epochs"] * sum(table[i]["seq_len"] for i in keep if table[i]["split"] == TRAIN)

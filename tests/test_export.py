@@ -192,13 +192,14 @@ def test_the_gate_compares_every_position_served_with_the_same_drafter_replayed_
     position is set beside what the drafter, replayed on the same rows and window, predicts; one below 0.8 of
     it is flagged."""
     served = {"drafts": 115, "acceptance_rate_per_position": [0.20, 0.026, 0.0]}
-    predicted = {"acceptance_rate_per_position": [0.232, 0.027, 0.0]}
+    predicted = {"acceptance_rate_per_position": [0.232, 0.027, 0.0], "accepted_per_position": [26, 3, 0]}
     ok, verdict, positions = ex.gate_verdict(served, 0.30, predicted=predicted)
     assert ok and verdict == "served first-token acceptance 0.200 (predicted 0.232)"
-    assert [p["flag"] for p in positions] == [False, False, False] and positions[0]["ratio"] == pytest.approx(0.862,
-                                                                                                              abs=1e-3)
+    # positions 2 and 3: 3 and 0 drafts accepted predicted, too few for a share to mean anything
+    assert [p["flag"] for p in positions] == [False, None, None] and positions[0]["ratio"] == pytest.approx(0.862,
+                                                                                                             abs=1e-3)
     ok, verdict, positions = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.22, 0.01, 0.0]}, 0.30,
-                                             predicted=predicted)
+                                             predicted={**predicted, "accepted_per_position": [26, 20, 0]})
     assert ok and "position 2 served below 80% of the predicted acceptance" in verdict and positions[1]["flag"]
     broken = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.01, 0.0, 0.0]}, 0.30, predicted=predicted)
     assert not broken[0] and "far below the predicted one 0.232" in broken[1]
@@ -324,7 +325,7 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
     monkeypatch.setattr(server, "managed_server", serving)
     monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: {})
     monkeypatch.setattr(ev, "continue_tokens", dying)
-    monkeypatch.setattr(ex, "gate_rows", lambda table, count: [([1, 2, 3], 4)])
+    monkeypatch.setattr(ex, "gate_rows", lambda table, count, skip: [([1, 2, 3], 4)])
     if fault in ("rejected", "slow", "oom_killed", "killed_drafting"):
         with pytest.raises(SystemExit):
             run_export_job(tmp_path, target_dir, "eagle3", drafter)

@@ -15,7 +15,7 @@ def test_a_loop_repeats_its_last_tokens_and_ordinary_text_does_not():
     assert repetition.repeated_share([1, 2, 3]) == 0.0  # shorter than the window: nothing to repeat
     assert repetition.answer_tokens([5, 6, 7, 8], [0, 1, 0, 1]) == [6, 8]
     summary = repetition.summary([0.0, 0.1, 0.2, 0.6, 0.95])
-    assert summary["rows"] == 5 and summary["max"] == 0.95 and summary["at_or_above"] == {"0.3": 2, "0.5": 2,
+    assert summary["rows"] == 5 and summary["max"] == 0.95 and summary["above"] == {"0.3": 2, "0.5": 2,
                                                                                           "0.7": 1}
 
 
@@ -37,7 +37,7 @@ def test_tokenization_measures_every_answer_and_drops_looping_ones_only_when_ask
     responses = records(tmp_path / "r.jsonl")
     kept = tokenize_file(responses, tokenizer, tmp_path / "a.parquet", tmp_path / "a.rej", "d", TokenizeSettings())
     assert kept["rows"] == 2 and kept["repetition"]["rows"] == 2 and kept["repetition"]["dropped"] == 0
-    assert kept["repetition"]["max"] > 0.9 and kept["repetition"]["at_or_above"]["0.5"] == 1
+    assert kept["repetition"]["max"] > 0.9 and kept["repetition"]["above"]["0.5"] == 1
     dropped = tokenize_file(responses, tokenizer, tmp_path / "b.parquet", tmp_path / "b.rej", "d",
                             TokenizeSettings(max_repetition=0.5))
     assert dropped["rows"] == 1 and dropped["repetition"]["dropped"] == 1 and dropped["repetition"]["limit"] == 0.5

@@ -40,11 +40,11 @@ def test_answer_turns_are_the_supervised_runs_of_a_row():
 
 def test_a_drafter_replayed_is_accepted_where_the_target_agrees_with_it(drafter, target_dir):
     """The replay runs speculators' own forward on a real checkpoint and the target's whole-vocabulary head."""
-    rep = replay.Replay(drafter, target_dir)
     torch.manual_seed(0)
     ids = torch.randint(0, 1000, (40,))
-    hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)
-    drafts, targets = rep.chains(ids, hidden, 3)
+    hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)  # the three aux layers, then the final one
+    drafts = replay.Drafter(drafter, target_dir).chains(ids, hidden[:, :-1], 3)
+    targets = replay.TargetHead(target_dir).tokens(hidden[:, -1])
     assert len(drafts) == 3 and all(len(d) == 40 for d in drafts) and len(targets) == 40
     assert all(0 <= t < 49152 for t in targets)
     perfect = [drafts[0][i] if i > 0 else 0 for i in range(40)]  # the target agreeing with every first draft

@@ -330,11 +330,13 @@ def test_the_report_and_the_card_show_served_against_predicted_by_position_and_f
             "predicted": {"rows": 8, "drafts": 112, "acceptance_rate_per_position": [0.232, 0.027, 0.0]},
             "positions": [{"position": 1, "predicted": 0.232, "served": 0.2, "ratio": 0.862, "flag": False},
                           {"position": 2, "predicted": 0.027, "served": 0.01, "ratio": 0.370, "flag": True},
-                          {"position": 3, "predicted": 0.0, "served": 0.0, "ratio": None, "flag": False}]}
+                          {"position": 3, "predicted": 0.0, "served": 0.0, "ratio": None, "flag": None,
+                           "predicted_accepted": 0}]}
     text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, gate,
                                    gates={"eagle3": gate, "dflash": {"passed": True, "verdict": "old gate"}}))
     assert "## Served against predicted, by position" in text
     assert "| 1 | 0.232 | 0.200 | 0.86 |  |" in text and "| 2 | 0.027 | 0.010 | 0.37 | **below 0.8** |" in text
-    assert "| 3 | 0.000 | 0.000 | – |  |" in text and "Over 8 rows: 112 drafts predicted, 115 served." in text
+    assert "| 3 | 0.000 | 0.000 | – | too few to judge (0 predicted accepted) |" in text
+    assert "Over 8 rows: 112 drafts predicted, 115 served." in text
     assert "| 2 | 0.027 | 0.010 | 0.37 | **below 0.8** |" in card(card_inputs(RESULTS, gate=gate))
     assert "Served against predicted" not in card(card_inputs(RESULTS, gate=GATE))  # a gate from before: none

@@ -57,6 +57,15 @@ def test_cpu_only_engine_settings_come_from_the_machine_not_the_config(monkeypat
     assert plain_cpu.command(1)[-2:] == ["--distributed-executor-backend", "uni"]
     assert plain_cpu.process_env() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert "uni" not in cpu and spec_from_config(target, server).process_env() == {}
+    # a thread binding asked for (online hidden states split the cores so), or several NUMA nodes: the
+    # multiprocess executor, which alone binds threads
+    bound = spec_from_config(target, {**server, "extra_args": [], "env": {"VLLM_CPU_OMP_THREADS_BIND": "0"}})
+    assert "uni" not in bound.command(1) and bound.process_env() == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    from draftsmith.generation import server as srv
+
+    monkeypatch.setattr(srv, "numa_nodes", lambda: 2)
+    assert "uni" not in spec_from_config(target, {**server, "extra_args": []}).command(1)
+    monkeypatch.setattr(srv, "numa_nodes", lambda: 1)
     monkeypatch.setattr(compute, "has_accelerator", lambda: True)
     assert "uni" not in spec_from_config(target, {**server, "extra_args": []}).command(1)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)

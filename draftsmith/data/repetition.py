@@ -16,7 +16,7 @@ import statistics
 NGRAM = 4  # a 4-token window: short enough to catch a short loop, long enough that ordinary text rarely repeats
 # The shares the report counts rows above (what a limit there would drop).
 THRESHOLDS = (0.3, 0.5, 0.7)
-# A row at or above this share is said to loop where figures are given with and without such rows.
+# A row above this share is said to loop where figures are given with and without such rows.
 LOOPING = 0.5
 
 
@@ -37,12 +37,18 @@ def answer_tokens(input_ids: list[int], loss_mask: list[int]) -> list[int]:
     return [token for token, supervised in zip(input_ids, loss_mask, strict=True) if supervised]
 
 
+def is_looping(input_ids: list[int], loss_mask: list[int]) -> bool:
+    """Whether a row's answers loop (:data:`LOOPING`)."""
+    return repeated_share(answer_tokens(input_ids, loss_mask)) > LOOPING
+
+
 def summary(shares: list[float]) -> dict:
-    """A dataset's distribution: quantiles, and the rows at or above each of :data:`THRESHOLDS`."""
+    """A dataset's distribution: quantiles, and the rows above each of :data:`THRESHOLDS` (what a
+    ``tokenize.max_repetition`` there would drop)."""
     if not shares:
         return {"rows": 0}
     ordered = sorted(shares)
     quantiles = statistics.quantiles(ordered, n=20, method="inclusive") if len(ordered) > 1 else ordered * 19
     return {"rows": len(ordered), "ngram": NGRAM, "mean": round(statistics.fmean(ordered), 4),
             "p50": round(quantiles[9], 4), "p90": round(quantiles[17], 4), "max": round(ordered[-1], 4),
-            "at_or_above": {f"{t:g}": sum(s >= t for s in ordered) for t in THRESHOLDS}}
+            "above": {f"{t:g}": sum(s > t for s in ordered) for t in THRESHOLDS}}

@@ -19,6 +19,7 @@ from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures
 from draftsmith.evaluation.schedule import describe
+from draftsmith.training.export import GATE_WINDOW, PREDICTED_SHARE
 
 
 @dataclass
@@ -198,10 +199,16 @@ def gate_table(gate: dict) -> list[str]:
         return []
     predicted = gate.get("predicted") or {}
     rows = [f"| {p['position']} | {p['predicted']:.3f} | {p['served']:.3f} | {_num(p['ratio'], '.2f')} | "
-            + ("**below 0.8**" if p["flag"] else "") + " |" for p in positions]
+            + _flag(p) + " |" for p in positions]
     return ["| position | predicted | served | served / predicted | |", "|---:|---:|---:|---:|---|", *rows, "",
             f"Over {predicted.get('rows', '–')} rows: {_num(predicted.get('drafts'), 'g')} drafts predicted, "
             f"{_num(gate['acceptance'].get('drafts'), 'g')} served."]
+
+
+def _flag(position: dict) -> str:
+    if position["flag"] is None:
+        return f"too few to judge ({position.get('predicted_accepted', 0)} predicted accepted)"
+    return f"**below {PREDICTED_SHARE:g}**" if position["flag"] else ""
 
 
 def predicted_against_served(inputs: CardInputs) -> list[str]:
@@ -210,8 +217,8 @@ def predicted_against_served(inputs: CardInputs) -> list[str]:
     if not table:
         return []
     return ["## Served against predicted", "",
-            "At the export gate vLLM served the first turns of validation rows (up to 64 tokens each); the same "
-            "drafter, replayed on the stored hidden states of those rows as a server drafts and verifies, "
+            f"At the export gate vLLM served the first turns of validation rows (up to {GATE_WINDOW} tokens each); "
+            "the same drafter, replayed on the stored hidden states of those rows as a server drafts and verifies, "
             "predicted:", "", *table]
 
 

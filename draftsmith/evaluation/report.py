@@ -10,6 +10,7 @@ from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import gate_table, load_changed, schedule_table
 from draftsmith.evaluation.pick import FIGURES, figures, label_of
 from draftsmith.evaluation.schedule import describe
+from draftsmith.training.export import FLAG_MIN_ACCEPTED, GATE_WINDOW, PREDICTED_SHARE
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
 
@@ -418,17 +419,18 @@ def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
     if not measured:
         return []
     first = next(iter(measured.values()))
-    thresholds = list(first["at_or_above"])
+    thresholds = list(first["above"])
     lines = ["## Looping answers", "",
              f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier in it "
-             "(a looping answer is easy to predict: validation rewards it and traffic does not loop). Rows at or "
-             "above a share are what `tokenize.max_repetition` there would drop.", "",
-             "| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"≥ {t}" for t in thresholds)
+             "(a looping answer is easy to predict: validation rewards it and traffic does not loop). Rows above a "
+             "share are what `tokenize.max_repetition` there would drop (generated datasets; pre-tokenized ones "
+             "are not measured).", "",
+             "| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"> {t}" for t in thresholds)
              + " | dropped |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
     for name, rep in measured.items():
         dropped = f"{rep['dropped']} (limit {rep['limit']:g})" if rep.get("limit") is not None else "– (no limit)"
         lines.append(f"| {name} | {rep['rows']} | {rep['mean']:.3f} | {rep['p50']:.3f} | {rep['p90']:.3f} | "
-                     f"{rep['max']:.3f} | " + " | ".join(str(rep["at_or_above"][t]) for t in thresholds)
+                     f"{rep['max']:.3f} | " + " | ".join(str(rep["above"][t]) for t in thresholds)
                      + f" | {dropped} |")
     return lines
 
@@ -497,9 +499,11 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
     if not tables:
         return []
     lines = ["## Served against predicted, by position", "",
-             "At the export gate, each family served the first turns of validation rows (up to 64 tokens each), and "
-             "the same drafter was replayed on the stored hidden states of those rows and window, walked as a server "
-             "drafts and verifies. A position served below 0.8 of its prediction is flagged: the engine accepts less "
+             f"At the export gate, each family served the first turns of validation rows (up to {GATE_WINDOW} tokens "
+             "each), and the same drafter was replayed on the stored hidden states of those rows and window, walked as "
+             "a server drafts and verifies (EAGLE-3: a block family drafts a whole block in one forward, which the "
+             f"replay does not model). A position served below {PREDICTED_SHARE:g} of its prediction, where the "
+             f"prediction accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts less "
              "there than the drafter does (its attention, rope or a later step's inputs differ from training), or "
              "the served answers are not the stored ones (sampling, numerics)."]
     for family, table in tables:

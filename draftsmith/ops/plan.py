@@ -22,7 +22,7 @@ from draftsmith.data.merge import MIN_VALIDATION_PROMPTS, validation_prompts
 from draftsmith.evaluation import methods
 from draftsmith.evaluation.evaluate import requests_for
 from draftsmith.generation.generate import journals_of
-from draftsmith.training import families
+from draftsmith.training import families, replay
 
 BYTES_PER_VALUE = 2  # bf16
 
@@ -303,9 +303,9 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
     prompts = sum(p.samples for p in plans)
     held_out = validation_prompts(round(prompts), config["merge"]["validation_fraction"])
     lines += ["", f"Validation holds out {held_out:,} of the ~{prompts:,.0f} answers' prompts "
-              f"(merge.validation_fraction {config['merge']['validation_fraction']:g}, at least "
-              f"{MIN_VALIDATION_PROMPTS} or a quarter): the predicted served τ that chooses the checkpoint replays the "
-              "drafter on up to 256 of them.", "", "## Disk", "",
+              f"(merge.validation_fraction {config['merge']['validation_fraction']:g}, at least the smaller of "
+              f"{MIN_VALIDATION_PROMPTS} and a quarter of them): the predicted served τ that chooses the checkpoint "
+              f"replays the drafter on up to {replay.ROWS} of them.", "", "## Disk", "",
               f"- Hidden states, offline in {storage}: **{human_bytes(layouts['shards'])}** in shards, "
               f"{human_bytes(layouts['per_row'])} one file per row ({rows:,.0f} files)"
               + ("" if storage == "fp8" else f"; in fp8: {human_bytes(in_fp8)} ({hs_cfg['layout']})")

@@ -145,18 +145,23 @@ GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts i
 GATE_WINDOW = 64  # tokens of each answer the gate serves
 
 
-def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW) -> list[tuple[list[int], int]]:
-    """``(prompt token ids, tokens to generate)`` of the first validation rows: the ids before the
-    first supervised token, and as many tokens as that first answer has (capped)."""
+def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW,
+              skip: set[tuple[str, int]] = frozenset()) -> list[tuple[list[int], int]]:
+    """``(prompt token ids, tokens to generate)`` of the first validation rows (but ``skip``: ``(dataset, row)``
+    whose hidden states failed, which the gate's prediction cannot replay): the ids before the first supervised
+    token, and as many tokens as that first answer has (capped)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from draftsmith.data.merge import VALIDATION
 
-    table = pq.read_table(merged, columns=["input_ids", "loss_mask", "split"])
+    table = pq.read_table(merged, columns=["dataset", "source_row", "input_ids", "loss_mask", "split"])
     table = table.filter(pc.equal(table.column("split"), VALIDATION))
     rows = []
-    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(), strict=True):
+    for entry in table.to_pylist():
+        if (entry["dataset"], entry["source_row"]) in skip:
+            continue
+        ids, mask = entry["input_ids"], entry["loss_mask"]
         start = mask.index(1)
         end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
         rows.append((ids[:start], min(end - start, max_tokens)))
@@ -166,8 +171,10 @@ def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW) -> list[t
 
 
 # A position whose served acceptance is below this share of the predicted one is flagged (not failed: the
-# drafter is served, but the engine accepts less there than the same drafter, replayed, says it should).
+# drafter is served, but the engine accepts less there than the same drafter, replayed, says it should), where
+# the prediction accepts enough drafts there for a share to mean anything.
 PREDICTED_SHARE = 0.8
+FLAG_MIN_ACCEPTED = 10
 
 
 def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1,
@@ -182,10 +189,11 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
     """
     served_rates = acceptance["acceptance_rate_per_position"] or []
     predicted_rates = (predicted or {}).get("acceptance_rate_per_position") or []
-    positions = [{"position": i + 1, "served": served, "predicted": want,
+    counts = (predicted or {}).get("accepted_per_position") or [0] * len(predicted_rates)
+    positions = [{"position": i + 1, "served": served, "predicted": want, "predicted_accepted": count,
                   "ratio": served / want if want else None,
-                  "flag": bool(want) and served < PREDICTED_SHARE * want}
-                 for i, (served, want) in enumerate(zip(served_rates, predicted_rates, strict=False))]
+                  "flag": (served < PREDICTED_SHARE * want) if count >= FLAG_MIN_ACCEPTED else None}
+                 for i, (served, want, count) in enumerate(zip(served_rates, predicted_rates, counts, strict=False))]
     source = "predicted" if predicted_rates else "validation"
     expected_first = predicted_rates[0] if predicted_rates else expected_first
     drafts = acceptance["drafts"]

@@ -18,12 +18,16 @@ in vLLM). This replay closes it:
   counters count the same).
 
 Exact where the answers are the target's own greedy ones (its token at a position is then the answer's
-next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers.
+next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers. EAGLE-3
+only: a block family (DFlash, DSpark) drafts a whole block in one forward, which this walk does not model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +35,15 @@ import torch
 
 from draftsmith.core import platform
 
-# The argmax over a 1T target's vocabulary (160K) is taken this many positions at a time: 512 x 163,840
-# fp32 logits are 320 MiB, where a whole 8,192-token row at once would be 5 GiB.
+log = logging.getLogger(__name__)
+
+# The argmax over a 1T target's vocabulary (160K) is taken this many positions at a time: 512 x 163,840 logits.
 HEAD_CHUNK = 512
+# What an epoch's replay reads: at most this many validation rows and answer positions. The figure settles long
+# before (2^17 positions are 2^17 draft steps at most), and each epoch reads the rows' hidden states again
+# (7.5 GB at Kimi-K2's width for 2^17 positions) rather than holding them (a row of 8,192 tokens is 470 MB).
+ROWS = 256
+TOKENS = 2**17
 
 
 @dataclass
@@ -54,29 +64,30 @@ class Walk:
         self.accepted = [a + b for a, b in zip(self.accepted, other.accepted, strict=True)]
 
     def as_dict(self) -> dict:
-        """The figures the server's counters give: acceptance rate by position, τ per draft and tokens per
-        target step (every step drafts: EAGLE-3)."""
+        """The figures the server's counters give: acceptance rate by position, and tokens per target step
+        (EAGLE-3 drafts at every step, so τ per draft is the same figure)."""
         steps = self.steps
         return {"drafts": steps, "accepted_tokens": sum(self.accepted), "tokens": self.tokens,
+                "accepted_per_position": list(self.accepted),
                 "acceptance_rate_per_position": [a / steps for a in self.accepted] if steps else [],
-                "tau_pooled": 1.0 + sum(self.accepted) / steps if steps else None,
                 "tokens_per_step": 1.0 + sum(self.accepted) / steps if steps else None}
 
 
-def walk(drafts: list[list[int]], targets: list[int], first: int, last: int) -> Walk:
-    """The greedy draft-and-verify walk over one answer turn whose tokens are at positions ``first..last`` of its
+def walk(drafts: list[list[int]], targets: list[int], first: int, last: int, end: int | None = None) -> Walk:
+    """The greedy draft-and-verify walk over one answer turn generated from position ``first`` to ``last`` of its
     row. ``drafts[s][i]``: the drafter's ``s``-th draft from the token at ``i`` (its chain's prediction of the
     token at ``i + s + 1``); ``targets[j]``: the target's token after position ``j``. The first answer token
     comes from the prompt's prefill; each step drafts from the last committed token, accepts the leading drafts
-    equal to the target's tokens, and commits those and the target's next token. A draft past ``last`` (the
-    answer, or the window served, ends) is not accepted."""
-    k = len(drafts)
+    equal to the target's tokens, and commits those and the target's next token. ``end``: the answer's real
+    last position when ``last`` cuts it (a window of it served): vLLM counts a draft past ``max_tokens`` that
+    the target accepts before it truncates the answer, so a draft is judged up to ``end``."""
+    k, end = len(drafts), last if end is None else end
     out = Walk(k, tokens=last - first + 1)
     at = first  # the last committed token
     while at < last:
         out.steps += 1
         accepted = 0
-        while accepted < k and at + accepted + 1 <= last and drafts[accepted][at] == targets[at + accepted]:
+        while accepted < k and at + accepted + 1 <= end and drafts[accepted][at] == targets[at + accepted]:
             out.accepted[accepted] += 1
             accepted += 1
         at += accepted + 1
@@ -95,128 +106,202 @@ def turns(loss_mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-class Replay:
-    """An EAGLE-3 checkpoint with its target's final norm and whole-vocabulary LM head, on ``device``."""
+class TargetHead:
+    """The target's final norm and whole-vocabulary LM head: its token after each position of a row, from the
+    stored final hidden states (taken before the norm)."""
 
-    def __init__(self, checkpoint: Path, target_dir: Path, device: str = "cpu"):
-        from speculators.models.eagle3.core import Eagle3DraftModel
+    def __init__(self, target_dir: Path, device: str = "cpu"):
         from speculators.utils.loading import load_model_layers
         from transformers import AutoConfig
 
+        weights = load_model_layers(["lm_head.weight", "embed_tokens.weight", "model.norm.weight"], str(target_dir))
+        self.head = weights.get("lm_head.weight", weights["embed_tokens.weight"]).to(device)
+        self.norm = weights["model.norm.weight"].to(device)
+        config = AutoConfig.from_pretrained(target_dir)
+        self.eps = getattr(getattr(config, "text_config", config), "rms_norm_eps", 1e-6)
+        self.device = device
+
+    @torch.no_grad()
+    def tokens(self, final: torch.Tensor) -> list[int]:
+        out = []
+        for start in range(0, final.shape[0], HEAD_CHUNK):
+            part = final[start:start + HEAD_CHUNK].to(self.device).float()
+            normed = part * torch.rsqrt(part.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
+            out += (normed.to(self.head.dtype) @ self.head.T).argmax(-1).tolist()
+        return out
+
+
+class Drafter:
+    """An EAGLE-3 checkpoint as speculators builds it, uncompiled (this forward runs once), on ``device``."""
+
+    def __init__(self, checkpoint: Path, target_dir: Path, device: str = "cpu"):
+        from speculators.models.eagle3.core import Eagle3DraftModel
+
         config = Eagle3DraftModel.config_class.from_pretrained(checkpoint)
-        # uncompiled (this forward runs once): FlexAttention is fast only compiled
         config.transformer_layer_config._attn_implementation = platform.draft_attention(device, compiled=False)
         config.speculators_config.verifier.name_or_path = str(target_dir)  # the prepared target, wherever it is
         model = Eagle3DraftModel.from_pretrained(checkpoint, config=config)
         model.load_verifier_weights()  # the target's embeddings, which the checkpoint does not carry
         self.model = model.to(device).eval()
         self.device = device
-        weights = load_model_layers(["lm_head.weight", "embed_tokens.weight", "model.norm.weight"], str(target_dir))
-        self.head = weights.get("lm_head.weight", weights["embed_tokens.weight"]).to(device)
-        self.norm_weight = weights["model.norm.weight"].to(device)
-        target_config = AutoConfig.from_pretrained(target_dir)
-        text = getattr(target_config, "text_config", target_config)
-        self.eps = getattr(text, "rms_norm_eps", 1e-6)
-        self.d2t = self.model.d2t.to(device)
+        # draft token d is target token d + d2t[d]; speculators keeps no map when both vocabularies are one
+        self.d2t = model.d2t.to(device) if model.d2t is not None else None
 
     @torch.no_grad()
-    def chains(self, input_ids: torch.Tensor, hidden_states: torch.Tensor, k: int) -> tuple[list[list[int]], list[int]]:
-        """For one row (``input_ids`` ``[seq]``, ``hidden_states`` ``[seq, layers, hidden]``: the stored aux layers
-        then the final one), the drafts from every position (``drafts[s][i]``, target vocabulary) and the
-        target's token after every position. Aligned as speculators trains (``shift_batch``): the chain from
-        the token at ``i`` reads the aux states at ``i - 1`` and that token."""
-        hidden_states = hidden_states.to(self.device)
-        aux = hidden_states[:-1, :-1].flatten(1).to(self.model.fc.weight.dtype)
+    def chains(self, input_ids: torch.Tensor, aux: torch.Tensor, k: int) -> list[list[int]]:
+        """For one row, the drafts from every position (``drafts[s][p]``, target vocabulary) of its ``input_ids``
+        ``[seq]`` with its stored aux layers ``aux`` ``[seq, layers, hidden]``. Aligned as speculators trains
+        (``shift_batch``): the chain from the token at ``p`` reads the aux states at ``p - 1`` and that token."""
         ids = input_ids[1:].to(self.device)
-        seq = ids.shape[0]
-        out = self.model(hidden_states=aux[None], input_ids=ids[None],
-                         document_ids=torch.zeros(1, seq, dtype=torch.long, device=self.device), ttt_steps=k)
-        drafts = [[0, *(step[0] + self.d2t[step[0]]).tolist()] for step in out]  # position 0 drafts nothing
-        final = hidden_states[:, -1].float()
-        targets = []
-        for start in range(0, final.shape[0], HEAD_CHUNK):
-            part = final[start:start + HEAD_CHUNK]
-            normed = part * torch.rsqrt(part.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_weight.float()
-            targets += (normed @ self.head.float().T).argmax(-1).tolist()
-        return drafts, targets
-
-    def predict(self, rows: list[tuple[torch.Tensor, list[int], torch.Tensor]], k: int, window: int | None = None,
-                first_turn_only: bool = False) -> tuple[Walk, list[Walk]]:
-        """The walk over ``rows`` (``(input_ids, loss_mask, hidden_states)``), in total and per row; ``window``:
-        at most that many tokens of each turn (what the export gate serves of it), and ``first_turn_only``: the
-        first turn of each row (what the gate serves)."""
-        total, per_row = Walk(k), []
-        for ids, mask, hidden in rows:
-            drafts, targets = self.chains(ids, hidden, k)
-            row = Walk(k)
-            for first, last in turns(mask)[:1] if first_turn_only else turns(mask):
-                row.add(walk(drafts, targets, first, min(last, first + window - 1) if window else last))
-            total.add(row)
-            per_row.append(row)
-        return total, per_row
+        states = aux[:-1].flatten(1).to(self.device, self.model.fc.weight.dtype)
+        with _uncompiled():
+            out = self.model(hidden_states=states[None], input_ids=ids[None],
+                             document_ids=torch.zeros(1, ids.shape[0], dtype=torch.long, device=self.device),
+                             ttt_steps=k)
+        return [[0, *(step[0] + (self.d2t[step[0]] if self.d2t is not None else 0)).tolist()] for step in out]
 
 
-def validation_rows(merged: Path, stores: dict, limit: int | None = None, skip: set[tuple[str, int]] = frozenset(),
-                    split: str | None = None) -> list[tuple[torch.Tensor, list[int], torch.Tensor]]:
-    """The held-out rows of the merged table with their stored hidden states (``stores``: each dataset's
-    :class:`~draftsmith.hidden_states.store.HiddenStateStore`), in the table's order, at most ``limit``;
-    ``skip``: ``(dataset, row)`` whose extraction failed."""
+@contextlib.contextmanager
+def _uncompiled() -> Iterator[None]:
+    """speculators compiles its forward where CUDA is (``conditional_torch_compile``): a one-off replay would pay
+    the compilation, and fail where the trainer's probe found it fails."""
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(disable=True):
+        yield
+
+
+@dataclass
+class Row:
+    """A held-out row: its tokens, its mask, and the target's token after each position (computed once)."""
+
+    key: tuple[str, int]
+    input_ids: torch.Tensor
+    loss_mask: list[int]
+    targets: list[int]
+
+
+def read_rows(merged: Path, stores: dict, head: TargetHead, skip: set[tuple[str, int]] = frozenset(),
+              limit: int = ROWS, tokens: int = TOKENS) -> list[Row]:
+    """The held-out rows of the merged table, in its order, with the target's tokens computed from their stored
+    hidden states (``stores``: each dataset's :class:`~draftsmith.hidden_states.store.HiddenStateStore`):
+    at most ``limit`` rows and ``tokens`` positions; ``skip``: ``(dataset, row)`` whose extraction failed."""
+    out, held = [], 0
+    for entry in held_out(merged, skip, limit):
+        if len(out) == limit or held >= tokens:
+            break
+        stored = read_states(stores, entry)
+        out.append(Row((entry["dataset"], entry["source_row"]), torch.tensor(entry["input_ids"], dtype=torch.long),
+                       entry["loss_mask"], head.tokens(stored[:, -1])))
+        held += len(entry["input_ids"])
+    return out
+
+
+def held_out(merged: Path, skip: set[tuple[str, int]] = frozenset(), limit: int = ROWS) -> list[dict]:
+    """The merged table's first ``limit`` validation rows, in its order, but those in ``skip``."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from draftsmith.data.merge import VALIDATION
 
     table = pq.read_table(merged, columns=["dataset", "source_row", "input_ids", "loss_mask", "split"])
-    table = table.filter(pc.equal(table.column("split"), split or VALIDATION))
-    rows = []
-    kept = [e for e in table.to_pylist() if (e["dataset"], e["source_row"]) not in skip]
-    for entry in kept[:limit]:
-        stored = stores[entry["dataset"]].read(entry["source_row"])
-        ids = torch.tensor(entry["input_ids"], dtype=torch.long)
-        if not torch.equal(stored["token_ids"].long(), ids):
-            raise ValueError(f"{merged}: validation row {entry['dataset']}/{entry['source_row']} does not match its "
-                             "stored hidden states (extract them again: ./run.sh redo hidden_states DATASET)")
-        rows.append((ids, entry["loss_mask"], stored["hidden_states"]))
-    return rows
+    table = table.filter(pc.equal(table.column("split"), VALIDATION)).slice(0, limit + len(skip))
+    return [e for e in table.to_pylist() if (e["dataset"], e["source_row"]) not in skip][:limit]
 
 
-def stores_of(manifests: list[Path]) -> dict:
-    """Each dataset's hidden-state store from its manifest."""
-    from draftsmith.hidden_states.store import open_store
-
-    out = {}
-    for path in map(Path, manifests):
-        manifest = json.loads(path.read_text())
-        out[path.parent.name] = open_store(path.parent, manifest["fingerprint"], manifest["layout"])
-    return out
+def read_states(stores: dict, entry: dict) -> torch.Tensor:
+    """A row's stored hidden states ``[seq, layers, hidden]``, checked against its tokens."""
+    stored = stores[entry["dataset"]].read(entry["source_row"])
+    if stored["token_ids"].tolist() != entry["input_ids"]:
+        raise ValueError(f"validation row {entry['dataset']}/{entry['source_row']} does not match its stored hidden "
+                         "states (extract them again: ./run.sh redo hidden_states DATASET)")
+    return stored["hidden_states"]
 
 
-# At most this many validation rows are replayed per epoch: the figure settles long before (one row moves it by
-# 1/256 of its drafts at most), and a 1T target's whole-vocabulary head costs a matrix product per token.
-ROWS = 256
+def predict(drafter: Drafter, rows: list[Row], stores: dict, k: int, window: int | None = None,
+            first_turn_only: bool = False) -> tuple[Walk, list[Walk]]:
+    """The walk over ``rows``, in total and per row (their hidden states read again, one row at a time);
+    ``window``: at most that many tokens of each turn (what the export gate serves of it), and
+    ``first_turn_only``: the first turn of each row (what the gate serves)."""
+    total, per_row = Walk(k), []
+    for row in rows:
+        stored = read_states(stores, {"dataset": row.key[0], "source_row": row.key[1],
+                                      "input_ids": row.input_ids.tolist()})
+        drafts = drafter.chains(row.input_ids, stored[:, :-1], k)
+        walked = Walk(k)
+        for first, last in turns(row.loss_mask)[:1] if first_turn_only else turns(row.loss_mask):
+            walked.add(walk(drafts, row.targets, first, min(last, first + window - 1) if window else last, last))
+        total.add(walked)
+        per_row.append(walked)
+    return total, per_row
 
 
-def epoch_figures(replayer: Replay, rows: list, k: int, looping: list[bool]) -> dict:
+def epoch_figures(drafter: Drafter, rows: list[Row], stores: dict, k: int, looping: list[bool]) -> dict:
     """One checkpoint's predicted served figures over the validation ``rows``, with and without the rows whose
-    answers loop (``looping``: :func:`draftsmith.data.repetition.repeated_share` at or above
-    :data:`~draftsmith.data.repetition.LOOPING`): a loop is the easiest thing to predict, and traffic does not loop."""
-    total, per_row = replayer.predict(rows, k)
+    answers loop (``looping``): a loop is the easiest thing to predict, and traffic does not loop."""
+    total, per_row = predict(drafter, rows, stores, k)
     plain = Walk(k)
-    for row, loops in zip(per_row, looping, strict=True):
+    for walked, loops in zip(per_row, looping, strict=True):
         if not loops:
-            plain.add(row)
+            plain.add(walked)
     return {**total.as_dict(), "k": k, "rows": len(rows),
             "without_looping_rows": {**plain.as_dict(), "rows": looping.count(False)}}
 
 
-def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], rows: list, target_dir: Path, k: int,
-                   device: str) -> None:
+def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged: Path, stores: dict,
+                   skip: set[tuple[str, int]], target_dir: Path, k: int, device: str) -> None:
     """Each validated epoch's predicted served figures (:func:`epoch_figures`), added to its entry as
-    ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by."""
-    from draftsmith.data.repetition import LOOPING, answer_tokens, repeated_share
+    ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. A replay that
+    fails (memory, an unreadable row) leaves the epochs without it, saying why: the simulated τ chooses then."""
+    from draftsmith.data.repetition import is_looping
 
-    looping = [repeated_share(answer_tokens(ids.tolist(), mask)) >= LOOPING for ids, mask, _ in rows]
-    for entry in validation:
-        if entry.get("epoch") in checkpoints and rows:
-            entry["predicted_served"] = epoch_figures(Replay(checkpoints[entry["epoch"]], target_dir, device), rows,
-                                                      k, looping)
+    try:
+        head = TargetHead(target_dir, device)
+        rows = read_rows(merged, stores, head, skip)
+        looping = [is_looping(row.input_ids.tolist(), row.loss_mask) for row in rows]
+        del head
+        for entry in validation:
+            if entry.get("epoch") in checkpoints and rows:
+                drafter = Drafter(checkpoints[entry["epoch"]], target_dir, device)
+                entry["predicted_served"] = epoch_figures(drafter, rows, stores, k, looping)
+                del drafter
+    except (RuntimeError, ValueError, OSError, KeyError) as err:  # torch's out of memory is a RuntimeError
+        log.warning("the predicted served acceptance could not be computed (%s: %s); the simulated τ chooses the "
+                    "checkpoint", type(err).__name__, err)
+        for entry in validation:
+            entry.pop("predicted_served", None)
+            entry["predicted_served_failed"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+
+
+def at_gate(checkpoint: Path, merged: Path, stores: dict, skip: set[tuple[str, int]], target_dir: Path, rows: int,
+            k: int, window: int, device: str) -> dict | None:
+    """What the export gate's server should accept: the exported checkpoint replayed on the gate's own rows
+    (the first ``rows`` validation rows but ``skip``), first turns and ``window``; None, saying why, when the
+    replay fails."""
+    try:
+        head = TargetHead(target_dir, device)
+        held = read_rows(merged, stores, head, skip, limit=rows, tokens=2**62)
+        del head
+        walked, _ = predict(Drafter(checkpoint, target_dir, device), held, stores, k, window=window,
+                            first_turn_only=True)
+    except (RuntimeError, ValueError, OSError, KeyError) as err:
+        log.warning("the gate's predicted acceptance could not be computed (%s: %s); the gate judges the first "
+                    "position by validation accuracy", type(err).__name__, err)
+        return None
+    return {**walked.as_dict(), "rows": len(held), "window": window}
+
+
+def open_stores(manifests: list[Path], verify: str | None = None) -> tuple[dict, set[tuple[str, int]]]:
+    """Each dataset's hidden-state store from its manifest (shards verified: ``verify`` ``"checksum"`` reads them
+    whole), and the ``(dataset, row)`` whose extraction failed every attempt."""
+    from draftsmith.hidden_states.store import open_store
+
+    stores, failed = {}, set()
+    for path in map(Path, manifests):
+        manifest = json.loads(path.read_text())
+        store = open_store(path.parent, manifest["fingerprint"], manifest["layout"])
+        if verify is not None and manifest["layout"] == "shards":
+            store.verify(full=verify == "checksum")
+        stores[path.parent.name] = store
+        failed |= {(path.parent.name, row) for row in manifest.get("failed_rows", [])}
+    return stores, failed

@@ -453,21 +453,37 @@ def epoch_checkpoints(save_dir: Path) -> dict[int, Path]:
     return epochs
 
 
+def finished(metrics_file: Path, save_dir: Path, epochs: int) -> list[dict] | None:
+    """The validation of a run that trained and validated every one of its ``epochs`` (its job run again: nothing
+    to train, no target to serve online), else None."""
+    if not (metrics_file.is_file() and phases_file(metrics_file).is_file() and save_dir.is_dir()):
+        return None
+    validation = read_validation(metrics_file)
+    try:
+        saved = set(epoch_checkpoints(save_dir))
+    except FileNotFoundError:
+        return None
+    return validation if set(range(epochs)) <= saved & {v.get("epoch") for v in validation} else None
+
+
 def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dict]:
-    """The epoch checkpoint a server would accept most from: the best predicted served tokens per step
-    (:mod:`draftsmith.training.replay`, where every validated epoch has it), else the best simulated τ (the
-    last checkpoint when no epoch was validated)."""
+    """The epoch checkpoint a server would accept most from: the best predicted served tokens per step on the
+    validation rows whose answers do not loop (:mod:`draftsmith.training.replay`, where every validated epoch
+    has it; on every row where all loop), else the best simulated τ (the last checkpoint when no epoch was
+    validated)."""
     epochs = epoch_checkpoints(save_dir)
-    predicted = [(v["predicted_served"]["tokens_per_step"], v["epoch"]) for v in validation
-                 if v.get("epoch") in epochs and (v.get("predicted_served") or {}).get("tokens_per_step")]
+    predicted = [(served_figure(v["predicted_served"]), v["epoch"]) for v in validation
+                 if v.get("epoch") in epochs and served_figure(v.get("predicted_served") or {})]
     if predicted and len(predicted) == sum(v.get("epoch") in epochs for v in validation):
         tau, epoch = max(predicted)
-        chosen = next(v for v in validation if v["epoch"] == epoch)
-        return epochs[epoch], {"epoch": epoch, "simulated_tau": simulated_tau(chosen), "predicted_served_tau": tau,
-                               "reason": f"best predicted served τ {tau:.3f} (the drafter replayed on "
-                                         f"{chosen['predicted_served']['rows']} validation rows as a server "
-                                         f"drafts and verifies) of {len(predicted)} epochs; speculators' simulated "
-                                         f"τ there {simulated_tau(chosen):.3f}"}
+        figures = next(v for v in validation if v["epoch"] == epoch)
+        plain = figures["predicted_served"].get("without_looping_rows") or {}
+        rows = f"{plain['rows']} validation rows whose answers do not loop" if plain.get("rows") else \
+            f"{figures['predicted_served']['rows']} validation rows"
+        return epochs[epoch], {"epoch": epoch, "simulated_tau": simulated_tau(figures), "predicted_served_tau": tau,
+                               "reason": f"best predicted served τ {tau:.3f} (the drafter replayed on {rows}, as a "
+                                         f"server drafts and verifies) of {len(predicted)} epochs; speculators' "
+                                         f"simulated τ there {simulated_tau(figures):.3f}"}
     scored = [(simulated_tau(v), v["epoch"]) for v in validation if v.get("epoch") in epochs]
     if not scored:
         last = max(epochs)
@@ -475,6 +491,13 @@ def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dic
     tau, epoch = max(scored)
     return epochs[epoch], {"epoch": epoch, "simulated_tau": tau,
                            "reason": f"best simulated τ {tau:.3f} of {len(scored)} validated epochs"}
+
+
+def served_figure(predicted: dict) -> float | None:
+    """The predicted served τ a checkpoint is chosen by: over the rows whose answers do not loop, or every row
+    where all of them do."""
+    plain = predicted.get("without_looping_rows") or {}
+    return plain.get("tokens_per_step") if plain.get("rows") else predicted.get("tokens_per_step")
 
 
 def token_ids(merged: Path) -> set[int]:

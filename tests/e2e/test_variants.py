@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
+from draftsmith.core import compute
 from draftsmith.ops.status import logged_steps
 from tests.conftest import REPO
 from tests.e2e.conftest import CONFIG, snakemake
@@ -86,7 +87,7 @@ def test_online_hidden_states_train_like_offline_ones(workdir, tmp_path):
     # the trainer on the other: both on every core made each step 2-2.5x slower.
     cores = sorted(os.sched_getaffinity(0))
     binding = (work / "logs" / "train" / "eagle3.server.log").read_text().split("OpenMP thread binding info")[-1]
-    if len(cores) >= 2 and "core ids=" in binding:  # vLLM-CPU on a machine of two cores or more
+    if len(cores) >= 2 and not compute.has_accelerator():  # vLLM-CPU (its multiprocess executor: it binds)
         assert f"core ids=[{cores[0]}]\n" in binding, binding[:600]
     offline, online_v = validation(workdir), validation(work)
     assert len(offline) == len(online_v)

@@ -128,6 +128,27 @@ def test_report_holds_tau_read_from_the_servers_counters(workdir):
     assert all(v["predicted_served"]["rows"] > 0 for v in training["validation"])
 
 
+def test_the_replay_reads_the_targets_own_greedy_answers_from_its_stored_states(workdir):
+    """The replay's target token after each position, from the stored final hidden states through the target's
+    norm and whole-vocabulary head, is the next token of the target's own greedy answers (generation ran at
+    T=0): an off-by-one there, or a norm applied twice, would miss most of them."""
+    from pathlib import Path
+
+    from draftsmith.training import replay
+
+    results = workdir / "results"
+    stores, failed = replay.open_stores(sorted(results.glob("hidden_states/*/manifest.json")))
+    head = replay.TargetHead(results / "models" / "smollm2-135m-instruct")
+    rows = replay.read_rows(Path(results / "merged" / "train.parquet"), stores, head, failed, limit=3)
+    hits = total = 0
+    for row in rows:
+        for first, last in replay.turns(row.loss_mask):
+            ids = row.input_ids.tolist()
+            hits += sum(row.targets[j] == ids[j + 1] for j in range(first, last))
+            total += last - first
+    assert total > 50 and hits / total >= 0.95, (hits, total)
+
+
 def test_vllm_serves_a_schedule_that_drafts_alone_and_stops_drafting_when_the_batch_fills(workdir, tmp_path):
     """The schedule the card gives is vLLM's dynamic speculative decoding: served here as one config, k=3 for
     a lone request and none from a batch of 3 up, each concurrency measured as the grid measures it."""
