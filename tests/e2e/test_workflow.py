@@ -174,9 +174,14 @@ def test_vllm_serves_a_schedule_that_drafts_alone_and_stops_drafting_when_the_ba
     grid = ev.Grid(prompts, [0.0], 24, [1, 4], False, "vllm")
     measured = ev.measure_cells(grid, model, [{"concurrency": c, "runs": [{"output_tok_s": 1.0}]} for c in (1, 4)],
                                 {("schedule", 3): lambda: managed_server(spec, tmp_path / "server.log")})
-    alone, full = ({c["concurrency"]: c["runs"][0]["acceptance"] for c in measured["cells"]}[c] for c in (1, 4))
-    assert alone["drafts"] > 0 and alone["draft_tokens"] == 3 * alone["drafts"], alone
-    assert full["drafts"] <= 2, full  # none once the batch holds 3 (a draft or two while it fills)
+    alone, full = ({c["concurrency"]: c["runs"][0] for c in measured["cells"]}[c] for c in (1, 4))
+    drafted = {name: run["acceptance"]["drafts"] / run["output_tokens"] for name, run in (("alone", alone),
+                                                                                           ("full", full))}
+    assert alone["acceptance"]["draft_tokens"] == 3 * alone["acceptance"]["drafts"], alone
+    assert drafted["alone"] > 0.5, drafted  # a draft at nearly every step of a lone request
+    # None once the batch holds 3: the steps that draft are those while it fills or refills (CI met 4 drafts in
+    # a window of ~150 tokens; a schedule not applied drafts at every step of every request).
+    assert drafted["full"] < 0.2 * drafted["alone"], (drafted, full)
 
 
 def test_a_recipe_runs_from_the_shared_results_without_redoing_them(workdir, tmp_path, monkeypatch):
