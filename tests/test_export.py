@@ -186,6 +186,19 @@ def test_the_export_gate(rates, drafts, expected, passed, says):
     assert ok is passed and says in verdict
 
 
+def test_a_drafter_served_that_never_drafts_fails_the_gate_with_its_reason():
+    """vLLM's counters give each position's rate as None when nothing was drafted: the gate said so, it did not
+    divide None by the prediction and take the export job (and every family's with it) down."""
+    from draftsmith.evaluation.evaluate import acceptance
+
+    served = acceptance({}, {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
+                             **{f"per_pos_{k}": 0.0 for k in range(3)}})
+    assert served["acceptance_rate_per_position"] == [None, None, None]
+    predicted = {"acceptance_rate_per_position": [0.2, 0.05, 0.0], "accepted_per_position": [40, 10, 0]}
+    ok, verdict, positions = ex.gate_verdict(served, 0.2, predicted=predicted)
+    assert not ok and "proposed no draft tokens" in verdict and positions == []
+
+
 def test_the_gate_compares_every_position_served_with_the_same_drafter_replayed_on_the_same_window():
     """The demo's gate compared the first position served over 64 tokens with validation over whole answers
     (step 3: 0.048 validated, 0.0026 served): another window, another vocabulary rule, looping tails. Now each

@@ -187,6 +187,8 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
     (``predicted``), else the validation accuracy of the first drafted token. Served, the first position's
     acceptance rate should be of the same order; a broken vocabulary mapping gives ~0.
     """
+    if not acceptance["drafts"]:  # vLLM then reports each position's rate as None
+        return False, "vLLM loaded the drafter but proposed no draft tokens", []
     served_rates = acceptance["acceptance_rate_per_position"] or []
     predicted_rates = (predicted or {}).get("acceptance_rate_per_position") or []
     counts = (predicted or {}).get("accepted_per_position") or [0] * len(predicted_rates)
@@ -196,9 +198,6 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
                  for i, (served, want, count) in enumerate(zip(served_rates, predicted_rates, counts, strict=False))]
     source = "predicted" if predicted_rates else "validation"
     expected_first = predicted_rates[0] if predicted_rates else expected_first
-    drafts = acceptance["drafts"]
-    if not drafts:
-        return False, "vLLM loaded the drafter but proposed no draft tokens", positions
     served = (served_rates or [0.0])[0] or 0.0
     if expected_first is None or expected_first < min_expected:
         return True, (f"served first-token acceptance {served:.3f}; the drafter is too weak ({source} "
