@@ -39,7 +39,9 @@ def test_one_draft_length_everywhere_is_the_fixed_setting_and_plain_everywhere_i
     failed = grid.evaluation("eagle3", {(3, 1): (1.5, 2.0), (3, 4): (1.4, 2.0)})
     failed["cells"] = [c for c in failed["cells"] if c["concurrency"] == 1]
     partial = schedule.build(pick.serving({"eagle3": failed}, [1, 4, 8], "speedup"), "eagle3")
-    assert partial["ranges"] == [[1, 3, 3], [4, 1024, 0]]
+    assert partial["ranges"] == [[1, 3, 3], [4, 1024, 0]] and partial["unmeasured"] == [4, 8]
+    assert schedule.describe(partial).endswith("eagle3 has no figure at concurrency 4, 8: served there without "
+                                               "speculation, unmeasured")
 
 
 def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_served_as_one():

@@ -63,8 +63,10 @@ def build(serving: list[dict], family: str) -> dict:
     spans = ranges(ks) if ks else []
     drafted = {k for _, _, k in spans}
     kind = "plain" if drafted <= {0} else "fixed" if len(drafted) == 1 else "dynamic"
+    unmeasured = sorted(e["concurrency"] for e in serving
+                        if not any(cell["method"] == family for cell in e.get("ranked", [])))
     return {"family": family, "k_at": {str(c): k for c, k in sorted(ks.items())}, "ranges": spans, "kind": kind,
-            "max_k": max(drafted, default=0)}
+            "max_k": max(drafted, default=0), "unmeasured": unmeasured}
 
 
 def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict | None:
@@ -84,5 +86,8 @@ def describe(schedule: dict) -> str:
     for first, last, k in schedule["ranges"]:
         batches = f"{first}+" if last >= LAST_BATCH else f"{first}" if first == last else f"{first}-{last}"
         parts.append(f"batch {batches}: " + ("no speculation" if k == 0 else f"k={k}"))
+    if schedule.get("unmeasured"):  # no speculation there is the safe setting, not one plain serving won
+        parts.append(f"{schedule['family']} has no figure at concurrency "
+                     f"{', '.join(map(str, schedule['unmeasured']))}: served there without speculation, unmeasured")
     return "; ".join(parts)
 
