@@ -4,6 +4,7 @@ of each family, and vLLM's verdict on the pair before any work."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -347,6 +348,26 @@ def test_the_preflight_job_checks_the_configured_families_and_keeps_its_verdicts
     cfg["server"]["engine_check"] = False
     preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
     assert len(asked) == 2  # switched off: no server
+
+
+def test_the_preflights_engine_check_runs_on_gpus_leased_for_it(tmp_path, monkeypatch):
+    """On a machine whose GPUs jobs lease (the local executor beside other jobs and users), the preflight's
+    servers started on GPUs it had not leased: another job's, out of memory, read as the family not served."""
+    from draftsmith.config.load import load_layers, validate_config
+    from draftsmith.config.target import resolve
+    from draftsmith.ops import devices, preflight
+    from tests.conftest import REPO
+    from tests.test_config import DEFAULT
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setattr(devices, "LEASES", tmp_path / "leases")
+    cfg = validate_config(load_layers([DEFAULT], {"server": {"gpus": 2}, "train": {"gpus": 2}}))
+    seen = []
+    with devices.lease(1, ["0", "1", "2", "3"], tmp_path / "leases") as theirs:  # another job holds one
+        monkeypatch.setattr(ec, "before_work", lambda *a: seen.append(os.environ["CUDA_VISIBLE_DEVICES"]))
+        preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
+    assert len(seen[0].split(",")) == 2 and theirs[0] not in seen[0].split(","), (seen, theirs)
 
 
 def server_config() -> dict:

@@ -76,7 +76,8 @@ def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> 
     if found:
         raise PreflightError(found)
     if config["server"]["engine_check"]:
-        engine_check.before_work(config, target)
+        with devices.for_job(config["server"]["gpus"]):  # the rule's gpu resource, held as every server job holds it
+            engine_check.before_work(config, target)
 
 
 def local_source(source: str, base_dir: Path) -> Path | None:
