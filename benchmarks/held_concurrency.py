@@ -2,7 +2,8 @@
 a set cycled to two rounds, timed until the first worker runs out of work) beside the protocol it replaced (one
 slot per prompt, the whole set timed from its first request to its last answer), on one vLLM server, each
 concurrency and evaluation set of a config. For each it prints the requests in flight from the client and the
-requests the engine ran (vllm:num_requests_running), averaged over the timed window, and the output tok/s.
+requests the engine ran (vllm:num_requests_running), averaged over the timed window and at its peak, whether
+it held (draftsmith's rule: both the client's mean and the engine's peak at 0.9 of it), and the output tok/s.
 
     .venv/bin/python benchmarks/held_concurrency.py --concurrency 4 12 16
 """
@@ -62,7 +63,8 @@ async def whole_set(base_url: str, model: str, prompts: list, sampling: dict, co
         await asyncio.gather(sampler, return_exceptions=True)
     await client.aclose()
     return {"in_flight": ev.mean_in_flight(spans, start, end), "running": statistics.fmean(running) if running
-            else None, "tok_s": tokens[0] / (end - start), "requests": len(spans)}
+            else None, "peak": max(running, default=None), "tok_s": tokens[0] / (end - start),
+            "requests": len(spans)}
 
 
 def main() -> None:
@@ -76,21 +78,23 @@ def main() -> None:
     sets = ev.prompt_sets(evaluation, REPO)
     sampling = ev.sampling(evaluation["max_tokens"], 0.0, False)
     spec = ev.for_measurement(ev.server_spec("vllm", target, config["server"]))
-    rows = ["| set | prompts | concurrency | protocol | requests | in flight (client) | running (engine) | "
-            "held | tok/s |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    rows = ["| set | prompts | concurrency | protocol | requests | in flight (client) | running (engine: mean, "
+            "peak) | held | tok/s |", "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     with managed_server(spec, REPO / "logs" / "held_concurrency.server.log") as server:
         ev.warm_up(server.base_url, target.model, sets, evaluation["max_tokens"])
         for c in args.concurrency or evaluation["concurrency"]:
             for name, prompts in sets.items():
                 before = asyncio.run(whole_set(server.base_url, target.model, prompts, sampling, c))
                 now = asyncio.run(ev.run_set(server.base_url, target.model, prompts, sampling, c))[0]
-                for label, requests, in_flight, running, tok_s in (
+                for label, requests, in_flight, running, peak, tok_s in (
                         ("whole set (before)", before["requests"], before["in_flight"], before["running"],
-                         before["tok_s"]),
-                        ("full window (now)", now.sent, now.in_flight, now.running, now.as_dict()["output_tok_s"])):
-                    held = (running if running is not None else in_flight) / c
+                         before["peak"], before["tok_s"]),
+                        ("full window (now)", now.sent, now.in_flight, now.running, now.peak_running,
+                         now.as_dict()["output_tok_s"])):
+                    held = ev.SetRun(len(prompts), c, requests, 0, 0, 1.0, in_flight, running, peak).held
+                    engine = "–" if running is None else f"{running:.2f}, {peak:g}"
                     rows.append(f"| {name} | {len(prompts)} | {c} | {label} | {requests} | {in_flight:.2f} | "
-                                f"{'–' if running is None else f'{running:.2f}'} | {held:.0%} | {tok_s:.1f} |")
+                                f"{engine} | {'yes' if held else 'no'} | {tok_s:.1f} |")
                 print(rows[-2], rows[-1], sep="\n", flush=True)
     print("\n".join(rows))
 

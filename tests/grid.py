@@ -8,7 +8,7 @@ def run(set_name: str, temperature: float, speedup: float | None, tokens_per_ste
     base = 40.0
     return {"set": set_name, "temperature": temperature, "prompts": 3, "output_tokens": 96, "window_s": 3.0,
             "requests": 2 * concurrency, "mean_in_flight": concurrency - 0.1 * (concurrency > 2), "held": True,
-            "mean_running": concurrency - 0.5 * (concurrency > 2),
+            "mean_running": concurrency - 0.5 * (concurrency > 2), "peak_running": float(concurrency),
             "repeats": round(2 * concurrency / 3, 2),
             "output_tok_s": None if speedup is None else base * speedup, "baseline_tok_s": base, "speedup": speedup,
             "acceptance": {"drafts": 10.0, "draft_tokens": 10.0 * len(rates), "accepted_tokens": 5.0,

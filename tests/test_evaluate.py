@@ -268,9 +268,12 @@ def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full
                     dispatched=32)
     assert not run.held and run.as_dict()["repeats"] == 2.67
     assert ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).held
-    # The engine's own count is recorded beside it: a max_num_seqs of 8 shows there as 8 (the report says so).
-    queued = ev.SetRun(12, 16, 32, 17, 900, 3.0, in_flight=16.0, running=8.0, dispatched=32)
-    assert queued.held and queued.as_dict()["mean_running"] == 8.0
+    # The engine's own count: a max_num_seqs of 8 queues the rest where the client cannot see it, and the cell
+    # of 16 never ran 16 at once; requests waiting for a long prompt's prefill lower the mean, not the peak.
+    queued = ev.SetRun(12, 16, 32, 17, 900, 3.0, in_flight=16.0, running=8.0, peak_running=8.0, dispatched=32)
+    assert not queued.held and queued.as_dict()["mean_running"] == 8.0
+    prefilling = ev.SetRun(12, 12, 24, 13, 900, 3.0, in_flight=11.99, running=8.22, peak_running=12.0)
+    assert prefilling.held and prefilling.as_dict()["peak_running"] == 12.0
     # MT-bench's two turns per prompt: 160 requests from 80 prompts sent once
     assert ev.SetRun(80, 1, 160, 159, 9000, 60.0, 1.0, dispatched=80).as_dict()["repeats"] == 1.0
 

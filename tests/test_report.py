@@ -73,9 +73,9 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert table[0].split("\t")[:6] == ["method", "draft_tokens", "concurrency", "prompt_set", "temperature", "prompts"]
     assert table[1].startswith("EAGLE-3\t1\t2\teveryday\t0.0\t3\t1.2") and len(table) == 1 + 16
     # every cell: method, draft tokens, concurrency, set, T, τ, tokens per step, by position, tok/s, speed-up
-    assert ("| EAGLE-3 | 3 | 2 | 2.0 (2.0) | everyday | 0 | 3 | 1.300 | 1.300 | 0.40, 0.10 | 40.0 | 36.0 | 0.90× |"
+    assert ("| EAGLE-3 | 3 | 2 | 2.0 (2.0, 2) | everyday | 0 | 3 | 1.300 | 1.300 | 0.40, 0.10 | 40.0 | 36.0 | 0.90× |"
             in text)
-    assert ("| n-gram | 1 | 8 | 7.9 (7.5) | everyday | 1 | 3 | 1.100 | 1.100 | 0.40, 0.10 | 40.0 | 42.0 | 1.05× |"
+    assert ("| n-gram | 1 | 8 | 7.9 (7.5, 8) | everyday | 1 | 3 | 1.100 | 1.100 | 0.40, 0.10 | 40.0 | 42.0 | 1.05× |"
             in text)
     # time to quality per epoch; a run recorded before train_s existed shows none
     assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | – | – | 1.5 min | ✔ |" in text  # (trained before predictions)

@@ -123,18 +123,24 @@ class SetRun:
     # waits to be admitted (a long prompt's prefill, between one answer and the next), and capped by a
     # max_num_seqs or a KV cache smaller than the batch, which queues the rest where no client sees it.
     running: float | None = None
+    # The most it ran at once: a max_num_seqs or KV cache below the concurrency never reaches it, where the mean
+    # also dips while requests wait for their prefill.
+    peak_running: float | None = None
     dispatched: int = 0  # prompts sent (a prompt's turns, one after another, are one)
     verify_steps: int | None = None  # SGLang: target steps of the completed requests (per-request counts)
     completed_tokens: int | None = None  # tokens of the completed requests
 
     @property
     def held(self) -> bool:
-        return self.in_flight >= HELD * self.concurrency
+        """The client kept the concurrency in flight and, where the engine was read, it ran that many at once."""
+        return all(figure >= HELD * self.concurrency for figure in (self.in_flight, self.peak_running)
+                   if figure is not None)
 
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
                 "window_s": round(self.window_s, 3), "mean_in_flight": round(self.in_flight, 2),
-                "mean_running": None if self.running is None else round(self.running, 2), "held": self.held,
+                "mean_running": None if self.running is None else round(self.running, 2),
+                "peak_running": self.peak_running, "held": self.held,
                 "repeats": round(self.dispatched / self.prompts, 2),
                 "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
 
@@ -226,7 +232,8 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     run = SetRun(len(prompts), concurrency, len(spans), done["requests"],
                  int(generated - before.get("generated", 0.0)) if generated is not None else done["tokens"],
                  end - start, mean_in_flight(spans, start, end), statistics.fmean(running) if running else None,
-                 total - len(queue), done["steps"] if per_request else None, done["tokens"])
+                 max(running, default=None), total - len(queue), done["steps"] if per_request else None,
+                 done["tokens"])
     return run, before, after
 
 

@@ -284,23 +284,25 @@ def _evaluation(results: dict) -> list[str]:
         "speed-ups divide by the target alone at the same concurrency, set and temperature: "
         + ("measured once for the whole grid (GPUs, measured one at a time)." if any(
             e.get("baseline_shared") for e in results["methods"].values()) else "measured in the same job."), "",
-        "| method | draft tokens | concurrency | in flight (engine ran) | prompt set | T | prompts | τ (pooled) | "
-        "tokens / step | "
+        "| method | draft tokens | concurrency | in flight (engine ran: mean, peak) | prompt set | T | prompts | "
+        "τ (pooled) | tokens / step | "
         "acceptance by position | baseline tok/s | tok/s | speed-up |",
         "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for row in evaluation_rows(results):
         held = "" if row["held"] else " not held"
-        ran = f" ({row['mean_running']:.1f})" if row["mean_running"] is not None else ""
+        ran = (f" ({row['mean_running']:.1f}, {_fmt(row['peak_running'], 'g')})" if row["mean_running"] is not None
+               else "")
         lines.append(f"| {row['method']} | {row['draft_tokens']} | {row['concurrency']} | "
                      f"{_fmt(row['mean_in_flight'], '.1f')}{ran}{held} | {row['prompt_set']} | "
                      f"{row['temperature']:g} | {row['prompts']} | {_fmt(row['tau_pooled'], '.3f')} | "
                      f"{_fmt(row['tokens_per_step'], '.3f')} | {row['acceptance_by_position']} | "
                      f"{_fmt(row['baseline_tok_s'], '.1f')} | {_fmt(row['tok_s'], '.1f')} | "
                      f"{_fmt(row['speedup'], '.2f')}× |")
-    lines += ["", "In flight: the requests the client held over the timed window (a cell is ranked at a concurrency "
-              "only where it held at least 0.9 of it); engine ran: the engine's own count of running requests, read "
-              "every 0.5 s, below it while a request waits to be admitted (a long prompt's prefill) and capped by "
-              "a max_num_seqs or a KV cache smaller than the batch."]
+    lines += ["", "In flight: the requests the client held over the timed window; engine ran: the engine's own count "
+              "of running requests, read every 0.5 s, its mean below the client's while a request waits to be "
+              "admitted (a long prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than "
+              "the batch. A cell is ranked at a concurrency only where both the client's mean and the engine's peak "
+              "reached 0.9 of it."]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
@@ -567,7 +569,8 @@ def evaluation_rows(results: dict) -> list[dict]:
                              "acceptance_by_position": ", ".join(_fmt(r) for r in acc["acceptance_rate_per_position"]),
                              "baseline_tok_s": run["baseline_tok_s"], "tok_s": run["output_tok_s"],
                              "speedup": run["speedup"], "mean_in_flight": run.get("mean_in_flight"),
-                             "mean_running": run.get("mean_running"), "held": run.get("held", True),
+                             "mean_running": run.get("mean_running"), "peak_running": run.get("peak_running"),
+                             "held": run.get("held", True),
                              "repeats": run.get("repeats")})
     return rows
 
