@@ -163,3 +163,16 @@ def test_rows_from_a_gpu_go_through_the_pool_and_are_stored_as_computed(tmp_path
     for row, values in rows.items():
         read = shards.read(row)
         assert torch.equal(read["hidden_states"], values) and read["token_ids"].tolist() == list(range(len(values)))
+
+
+def test_the_accelerators_a_measurement_ran_on_are_named_on_cuda(monkeypatch):
+    """The shared baseline is used only by a job on the same accelerators; on CUDA they are named by torch.cuda
+    (a CPU job sees none)."""
+    from draftsmith.core import compute
+
+    assert compute.accelerators() == [] or torch.accelerator.is_available()
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"NVIDIA H200 #{i}")
+    assert compute.accelerators() == ["NVIDIA H200 #0", "NVIDIA H200 #1"]

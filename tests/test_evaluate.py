@@ -251,9 +251,18 @@ def test_on_gpus_the_target_alone_is_measured_once_for_the_whole_grid(monkeypatc
     grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2], False, "vllm")
     shared = {"baseline": [{"concurrency": 2, "runs": [{"set": "held", "temperature": 0.0, "output_tok_s": 40.0}]}],
               "window": [0.0, 1.0], "server_start_s": [30.0]}
-    measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")}, shared)
+    gpus = ["NVIDIA H200"] * 8
+    monkeypatch.setattr(ev.compute, "accelerators", lambda: gpus)
+    measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")},
+                                 {**shared, "accelerators": ["NVIDIA H200"] * 8})
     assert started == ["k3"] and measured["baseline_shared"] and len(measured["server_start_s"]) == 1
     assert measured["cells"][0]["runs"][0]["speedup"] == 1.5
+    # SLURM placed this job on other GPUs than the baseline's: it measures the target alone again
+    started.clear()
+    measured = ev.measure_method(grid, "m", server("baseline"), {("finetuned", 3): server("k3")},
+                                 {**shared, "accelerators": ["NVIDIA H100 80GB HBM3"] * 8})
+    assert started == ["baseline", "k3"] and not measured["baseline_shared"]
+    assert measured["cells"][0]["runs"][0]["speedup"] == 1.0
 
 
 def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full_batch():

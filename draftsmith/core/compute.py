@@ -47,6 +47,16 @@ def device() -> str:
     return str(torch.accelerator.current_accelerator()) if has_accelerator() else "cpu"
 
 
+def accelerators() -> list[str]:
+    """The name of each accelerator the job sees (none on a CPU): what a measurement's figures depend on."""
+    import torch
+
+    if not has_accelerator():
+        return []
+    module = getattr(torch, torch.accelerator.current_accelerator().type)
+    return [module.get_device_name(i) for i in range(torch.accelerator.device_count())]
+
+
 def bf16_native() -> tuple[bool, str]:
     """Whether this machine computes bf16 natively, and why we think so."""
     import torch

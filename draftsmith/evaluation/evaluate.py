@@ -519,7 +519,13 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
     """One method's measurement. Where the platform measures the target alone once per grid
     (:func:`draftsmith.core.platform.baseline_once_per_grid`), ``shared_baseline`` is that measurement and
     only the cells are served here; else the target alone first, then the cells, in one window, so every
-    speed-up divides by a baseline measured beside the same load."""
+    speed-up divides by a baseline measured beside the same load. A shared baseline measured on other
+    accelerators (a SLURM partition of H100 and H200 nodes) is measured again here."""
+    here = compute.accelerators()
+    if shared_baseline is not None and shared_baseline.get("accelerators") != here:
+        log.warning("the grid's baseline ran on %s, this job on %s: the target alone is measured again here",
+                    shared_baseline.get("accelerators"), here)
+        shared_baseline = None
     if shared_baseline is not None:
         measured = measure_cells(grid, model, shared_baseline["baseline"], cells)
         return {**measured, "baseline": shared_baseline["baseline"], "baseline_window": shared_baseline["window"],
@@ -535,7 +541,7 @@ def machine_record(server_cfg: dict) -> dict:
     """Where a measurement ran: the dtype the target computed in, the device, and whether it had an
     accelerator (what a CPU's figures can and cannot say, :func:`draftsmith.core.platform.ranking_figure`)."""
     return {"compute": compute.choose(server_cfg["dtype"]).as_dict(), "device": compute.device(),
-            "on_accelerator": compute.has_accelerator()}
+            "on_accelerator": compute.has_accelerator(), "accelerators": compute.accelerators()}
 
 
 def failure_of(err: Exception) -> str:
