@@ -63,7 +63,7 @@ async def whole_set(base_url: str, model: str, prompts: list, sampling: dict, co
         await asyncio.gather(sampler, return_exceptions=True)
     await client.aclose()
     return {"in_flight": ev.mean_in_flight(spans, start, end), "running": statistics.fmean(running) if running
-            else None, "peak": max(running, default=None), "tok_s": tokens[0] / (end - start),
+            else None, "peak": max(running, default=None), "readings": len(running), "tok_s": tokens[0] / (end - start),
             "requests": len(spans)}
 
 
@@ -86,13 +86,13 @@ def main() -> None:
             for name, prompts in sets.items():
                 before = asyncio.run(whole_set(server.base_url, target.model, prompts, sampling, c))
                 now = asyncio.run(ev.run_set(server.base_url, target.model, prompts, sampling, c))[0]
-                for label, requests, in_flight, running, peak, tok_s in (
+                for label, requests, in_flight, running, peak, readings, tok_s in (
                         ("whole set (before)", before["requests"], before["in_flight"], before["running"],
-                         before["peak"], before["tok_s"]),
-                        ("full window (now)", now.sent, now.in_flight, now.running, now.peak_running,
+                         before["peak"], before["readings"], before["tok_s"]),
+                        ("full window (now)", now.sent, now.in_flight, now.running, now.peak_running, now.readings,
                          now.as_dict()["output_tok_s"])):
-                    held = ev.SetRun(len(prompts), c, requests, 0, 0, 1.0, in_flight, running, peak).held
-                    engine = "–" if running is None else f"{running:.2f}, {peak:g}"
+                    held = ev.SetRun(len(prompts), c, requests, 0, 0, 1.0, in_flight, running, peak, readings).held
+                    engine = "–" if running is None else f"{running:.2f}, {peak:g} ({readings} readings)"
                     rows.append(f"| {name} | {len(prompts)} | {c} | {label} | {requests} | {in_flight:.2f} | "
                                 f"{engine} | {'yes' if held else 'no'} | {tok_s:.1f} |")
                 print(rows[-2], rows[-1], sep="\n", flush=True)

@@ -279,10 +279,14 @@ def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full
     assert ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).held
     # The engine's own count: a max_num_seqs of 8 queues the rest where the client cannot see it, and the cell
     # of 16 never ran 16 at once; requests waiting for a long prompt's prefill lower the mean, not the peak.
-    queued = ev.SetRun(12, 16, 32, 17, 900, 3.0, in_flight=16.0, running=8.0, peak_running=8.0, dispatched=32)
+    queued = ev.SetRun(12, 16, 32, 17, 900, 30.0, in_flight=16.0, running=8.0, peak_running=8.0, readings=60,
+                       dispatched=32)
     assert not queued.held and queued.as_dict()["mean_running"] == 8.0
-    prefilling = ev.SetRun(12, 12, 24, 13, 900, 3.0, in_flight=11.99, running=8.22, peak_running=12.0)
+    prefilling = ev.SetRun(12, 12, 24, 13, 900, 7.0, in_flight=11.99, running=8.22, peak_running=12.0, readings=14)
     assert prefilling.held and prefilling.as_dict()["peak_running"] == 12.0
+    # two readings (a CPU test's window of 1.3 s) both fell between admissions: too few to judge by
+    glimpsed = ev.SetRun(3, 4, 8, 5, 66, 1.3, in_flight=3.95, running=2.0, peak_running=2.0, readings=2)
+    assert glimpsed.held
     # MT-bench's two turns per prompt: 160 requests from 80 prompts sent once
     assert ev.SetRun(80, 1, 160, 159, 9000, 60.0, 1.0, dispatched=80).as_dict()["repeats"] == 1.0
 

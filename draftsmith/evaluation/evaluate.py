@@ -98,6 +98,9 @@ FULL_ROUNDS = 2
 # A concurrency counts as held when the requests in flight over the timed window average at least this share of it.
 HELD = 0.9
 SAMPLE_S = 0.5  # how often the engine's running requests are read during a window
+# The engine's peak judges a window only from this many readings on: in a shorter one (a CPU demo's 8 requests
+# of a dozen tokens, read twice) two readings between admissions read 2 of 4 running.
+PEAK_READINGS = 10
 
 
 def requests_for(prompts: int, concurrency: int) -> int:
@@ -126,15 +129,17 @@ class SetRun:
     # The most it ran at once: a max_num_seqs or KV cache below the concurrency never reaches it, where the mean
     # also dips while requests wait for their prefill.
     peak_running: float | None = None
+    readings: int = 0  # of the engine's running requests
     dispatched: int = 0  # prompts sent (a prompt's turns, one after another, are one)
     verify_steps: int | None = None  # SGLang: target steps of the completed requests (per-request counts)
     completed_tokens: int | None = None  # tokens of the completed requests
 
     @property
     def held(self) -> bool:
-        """The client kept the concurrency in flight and, where the engine was read, it ran that many at once."""
-        return all(figure >= HELD * self.concurrency for figure in (self.in_flight, self.peak_running)
-                   if figure is not None)
+        """The client kept the concurrency in flight and, where the engine was read often enough
+        (:data:`PEAK_READINGS`), it ran that many at once."""
+        peak = self.peak_running if self.readings >= PEAK_READINGS else None
+        return all(figure >= HELD * self.concurrency for figure in (self.in_flight, peak) if figure is not None)
 
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
@@ -232,8 +237,8 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     run = SetRun(len(prompts), concurrency, len(spans), done["requests"],
                  int(generated - before.get("generated", 0.0)) if generated is not None else done["tokens"],
                  end - start, mean_in_flight(spans, start, end), statistics.fmean(running) if running else None,
-                 max(running, default=None), total - len(queue), done["steps"] if per_request else None,
-                 done["tokens"])
+                 max(running, default=None), len(running), total - len(queue),
+                 done["steps"] if per_request else None, done["tokens"])
     return run, before, after
 
 

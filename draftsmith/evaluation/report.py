@@ -302,7 +302,7 @@ def _evaluation(results: dict) -> list[str]:
               "of running requests, read every 0.5 s, its mean below the client's while a request waits to be "
               "admitted (a long prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than "
               "the batch. A cell is ranked at a concurrency only where both the client's mean and the engine's peak "
-              "reached 0.9 of it."]
+              "(where it was read at least 10 times) reached 0.9 of it."]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
