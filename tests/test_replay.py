@@ -69,3 +69,23 @@ def test_the_exported_checkpoint_is_the_one_a_server_would_accept_most_from(tmp_
     assert "predicted served τ 1.310" in choice["reason"]
     assert tr.choose_checkpoint(tmp_path, [{k: v for k, v in e.items() if k != "predicted_served"}
                                            for e in validation])[0].name == "1"  # simulated τ: 1.56 against 1.50
+
+
+def test_the_validation_rows_are_read_from_the_groups_that_hold_them(tmp_path):
+    """A user's merged table holds billions of tokens: the validation rows, written after every training row,
+    are read from the row groups whose statistics say they may hold them, in order, but the rows skipped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftsmith.data import merge
+
+    n_train, n_val = 10, 5
+    table = pa.table({"dataset": ["d"] * (n_train + n_val), "source_row": list(range(n_train + n_val)),
+                      "input_ids": [[i, i + 1] for i in range(n_train + n_val)],
+                      "loss_mask": [[0, 1]] * (n_train + n_val),
+                      "split": [merge.TRAIN] * n_train + [merge.VALIDATION] * n_val})
+    pq.write_table(table, tmp_path / "merged.parquet", row_group_size=4)
+    groups = replay.validation_groups(pq.ParquetFile(tmp_path / "merged.parquet"))
+    assert groups == [2, 3]  # rows 8-11 and 12-14; rows 0-7 are training rows only
+    rows = replay.held_out(tmp_path / "merged.parquet", skip={("d", 11)}, limit=3)
+    assert [r["source_row"] for r in rows] == [10, 12, 13]

@@ -28,6 +28,9 @@ import pyarrow.parquet as pq
 from draftsmith.core.atomic import atomic_path
 
 TRAIN, VALIDATION = "train", "validation"
+# Rows per row group of the merged table: its readers hold a group at a time (pyarrow's default, 1Mi rows, is
+# a user's whole table), and the validation rows, written last, are found by the groups' statistics.
+ROW_GROUP_ROWS = 2048
 MIN_VALIDATION_PROMPTS = 32
 
 
@@ -78,7 +81,7 @@ def merge(tables: dict[str, Path], out: Path, seed: int, validation_fraction: fl
     merged = merged.take(pa.array(order, pa.int64()))
     merged = merged.append_column("split", pa.array([TRAIN] * len(train_rows) + [VALIDATION] * len(val_rows)))
     with atomic_path(out) as tmp:
-        pq.write_table(merged, tmp)
+        pq.write_table(merged, tmp, row_group_size=ROW_GROUP_ROWS)
     return _stats(parts, merged, sorted(tables), weights)
 
 

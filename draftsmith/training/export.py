@@ -150,23 +150,14 @@ def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW,
     """``(prompt token ids, tokens to generate)`` of the first validation rows (but ``skip``: ``(dataset, row)``
     whose hidden states failed, which the gate's prediction cannot replay): the ids before the first supervised
     token, and as many tokens as that first answer has (capped)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    from draftsmith.training.replay import held_out
 
-    from draftsmith.data.merge import VALIDATION
-
-    table = pq.read_table(merged, columns=["dataset", "source_row", "input_ids", "loss_mask", "split"])
-    table = table.filter(pc.equal(table.column("split"), VALIDATION))
     rows = []
-    for entry in table.to_pylist():
-        if (entry["dataset"], entry["source_row"]) in skip:
-            continue
+    for entry in held_out(merged, skip, count):  # the rows the gate's prediction replays, in the same order
         ids, mask = entry["input_ids"], entry["loss_mask"]
         start = mask.index(1)
         end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
         rows.append((ids[:start], min(end - start, max_tokens)))
-        if len(rows) == count:
-            break
     return rows
 
 

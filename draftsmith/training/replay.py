@@ -205,14 +205,29 @@ def held_out(merged: Path, skip: set[tuple[str, int]] = frozenset(), limit: int 
 
     from draftsmith.data.merge import VALIDATION
 
+    table = pq.ParquetFile(merged)
     out: list[dict] = []
-    for batch in pq.ParquetFile(merged).iter_batches(batch_size=4096, columns=["dataset", "source_row", "input_ids",
-                                                                                "loss_mask", "split"]):
+    for batch in table.iter_batches(batch_size=4096, row_groups=validation_groups(table),
+                                    columns=["dataset", "source_row", "input_ids", "loss_mask", "split"]):
         held = batch.filter(pc.equal(batch.column("split"), VALIDATION)).to_pylist()
         out += [e for e in held if (e["dataset"], e["source_row"]) not in skip]
         if len(out) >= limit:
             break
     return out[:limit]
+
+
+def validation_groups(table) -> list[int]:
+    """The row groups of the merged table (a ``pyarrow.parquet.ParquetFile``) that may hold validation rows:
+    merge writes them after every training row, so the groups before are skipped by their statistics."""
+    from draftsmith.data.merge import TRAIN
+
+    column = table.schema_arrow.get_field_index("split")
+    groups = []
+    for i in range(table.metadata.num_row_groups):
+        stats = table.metadata.row_group(i).column(column).statistics
+        if not (stats is not None and stats.has_min_max and stats.min == stats.max == TRAIN):
+            groups.append(i)
+    return groups
 
 
 def read_states(stores: dict, entry: dict) -> torch.Tensor:
