@@ -276,6 +276,13 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
     # one baseline for the whole grid (GPUs): nothing to disagree with
     shared = {m: {**e, "baseline_shared": True} for m, e in (("eagle3", eagle3), ("suffix", suffix))}
     assert pick.load_changes(shared) == []
+    # the report says where each baseline was measured: a method placed on other GPUs measured its own
+    from draftsmith.evaluation.report import _baselines
+
+    assert _baselines(shared) == "measured once for the whole grid (GPUs, measured one at a time)."
+    assert _baselines({**shared, "suffix": suffix}).endswith(
+        "; suffix measured it again in its own job, on other GPUs.")
+    assert _baselines({"eagle3": eagle3, "suffix": suffix}) == "measured in the same job."
 
 
 def test_tokens_per_step_at_shorter_draft_lengths_are_derived_at_t0_and_checked_against_the_cells_measured():

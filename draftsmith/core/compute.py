@@ -53,8 +53,9 @@ def accelerators() -> list[str]:
 
     if not has_accelerator():
         return []
-    module = getattr(torch, torch.accelerator.current_accelerator().type)
-    return [module.get_device_name(i) for i in range(torch.accelerator.device_count())]
+    kind = torch.accelerator.current_accelerator().type
+    name = getattr(getattr(torch, kind, None), "get_device_name", lambda i: kind)  # MPS names none
+    return [name(i) for i in range(torch.accelerator.device_count())]
 
 
 def bf16_native() -> tuple[bool, str]:

@@ -145,7 +145,7 @@ class SetRun:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
                 "window_s": round(self.window_s, 3), "mean_in_flight": round(self.in_flight, 2),
                 "mean_running": None if self.running is None else round(self.running, 2),
-                "peak_running": self.peak_running, "held": self.held,
+                "peak_running": self.peak_running, "readings": self.readings, "held": self.held,
                 "repeats": round(self.dispatched / self.prompts, 2),
                 "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
 
@@ -336,8 +336,9 @@ def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, co
     run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting))
     result = run.as_dict()
     if not run.held:
-        log.warning("%.1f requests in flight on average, not the %d asked: this run does not hold its concurrency",
-                    run.in_flight, concurrency)
+        log.warning("%.1f requests in flight on average, the engine running at most %s of them (%d readings), "
+                    "not the %d asked: this run does not hold its concurrency", run.in_flight, run.peak_running,
+                    run.readings, concurrency)
     if drafting and engine == "vllm":
         result["acceptance"] = acceptance(before, after, result["output_tokens"])
     elif drafting:
@@ -526,10 +527,9 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
     only the cells are served here; else the target alone first, then the cells, in one window, so every
     speed-up divides by a baseline measured beside the same load. A shared baseline measured on other
     accelerators (a SLURM partition of H100 and H200 nodes) is measured again here."""
-    here = compute.accelerators()
-    if shared_baseline is not None and shared_baseline.get("accelerators") != here:
+    if shared_baseline is not None and shared_baseline["accelerators"] != (here := compute.accelerators()):
         log.warning("the grid's baseline ran on %s, this job on %s: the target alone is measured again here",
-                    shared_baseline.get("accelerators"), here)
+                    shared_baseline["accelerators"], here)
         shared_baseline = None
     if shared_baseline is not None:
         measured = measure_cells(grid, model, shared_baseline["baseline"], cells)

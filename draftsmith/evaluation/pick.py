@@ -14,7 +14,8 @@ drafts only where it finds a match is counted like a drafter that always drafts)
   step) among them, with its margin over the best cell of another method, the best trained and the best
   training-free one, and what training bought (the trained drafter's tokens per target step over the best
   training-free method's). A cell whose runs did not hold their concurrency (requests in flight averaged
-  under :data:`~draftsmith.evaluation.evaluate.HELD` of it) is not ranked at a concurrency it did not hold.
+  under :data:`~draftsmith.evaluation.evaluate.HELD` of it, or the engine's peak below it:
+  :attr:`~draftsmith.evaluation.evaluate.SetRun.held`) is not ranked at a concurrency it did not hold.
 - Where the target alone, at one concurrency, set and temperature, read speeds more than
   :data:`LOAD_TOLERANCE` apart in the windows of different methods, the machine's load changed between
   them: the speed-ups at that concurrency compare windows as much as methods, and the entry says so. That

@@ -28,6 +28,16 @@ class Inputs:
     gates: dict[str, dict] | None = None  # every trained family's export gate: served against predicted
 
 
+def _baselines(methods: dict[str, dict]) -> str:
+    """Where each method's baseline was measured: once for the grid, or in its own job (on a CPU, or on GPUs
+    other than the grid's baseline ran on)."""
+    own = [m for m, e in methods.items() if e.get("cells") and not e.get("baseline_shared")]
+    if len(own) == len([e for e in methods.values() if e.get("cells")]):
+        return "measured in the same job."
+    return ("measured once for the whole grid (GPUs, measured one at a time)"
+            + (f"; {', '.join(own)} measured it again in its own job, on other GPUs." if own else "."))
+
+
 def _fmt(value, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
@@ -282,8 +292,7 @@ def _evaluation(results: dict) -> list[str]:
         "τ is the **pooled** mean acceptance length per draft, 1 + accepted draft tokens / drafts, from the server's "
         "`/metrics` counter deltas; tokens / step is output tokens over target steps (all of them). Each method's "
         "speed-ups divide by the target alone at the same concurrency, set and temperature: "
-        + ("measured once for the whole grid (GPUs, measured one at a time)." if any(
-            e.get("baseline_shared") for e in results["methods"].values()) else "measured in the same job."), "",
+        + _baselines(results["methods"]), "",
         "| method | draft tokens | concurrency | in flight (engine ran: mean, peak) | prompt set | T | prompts | "
         "τ (pooled) | tokens / step | "
         "acceptance by position | baseline tok/s | tok/s | speed-up |",
