@@ -27,11 +27,11 @@ def failed(checkpoint: Path, reason: str, epoch: int) -> None:
     log.error("%s: left out of the pick: %s", sm.wildcards.family, reason)
 
 
-def predicted_at_gate(checkpoint: Path, tgt, family: str, rows: int, skip: set, stores: dict, k: int) -> dict | None:
+def predicted_at_gate(checkpoint: Path, tgt, rows: int, skip: set, stores: dict, k: int) -> dict | None:
     """What the gate's server should accept, by position: the exported checkpoint replayed on the same validation
-    rows, first turns and window (draftsmith.training.replay); None for a block family or online hidden states
-    (none stored to replay on)."""
-    if family != families.DEFAULT_FAMILY or not stores:
+    rows, first turns and window (draftsmith.training.replay); None with online hidden states (none stored to
+    replay on)."""
+    if not stores:
         return None
     return replay.at_gate(checkpoint, Path(sm.input.table), stores, skip, Path(tgt.model), rows, k, ex.GATE_WINDOW,
                           compute.device())
@@ -85,7 +85,7 @@ def main() -> None:
         ev.raise_unless_the_methods(err, f"the {family} gate", ev.exit_code(started.get("server")))
         failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
-    predicted = predicted_at_gate(checkpoint, tgt, family, len(rows), left_out, stores, k)
+    predicted = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k)
     passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
                                 "predicted": predicted, "positions": positions,

@@ -103,7 +103,7 @@ def main() -> None:
     phases = json.loads(tr.phases_file(metrics).read_text())
     for epoch in validation:
         epoch["simulated_tau"] = tr.simulated_tau(epoch)
-    if family == families.DEFAULT_FAMILY and not online:  # what a server would accept, by epoch (EAGLE-3's chain)
+    if not online:  # what a server would accept, by epoch
         replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), merged, by_dataset, failed,
                               Path(tgt.model), cfg["ttt_steps"], device)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from draftsmith.training import replay
-from tests.test_export import make_drafter
+from tests.test_export import make_block_drafter, make_drafter
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +43,41 @@ def test_a_drafter_replayed_is_accepted_where_the_target_agrees_with_it(drafter,
     torch.manual_seed(0)
     ids = torch.randint(0, 1000, (40,))
     hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)  # the three aux layers, then the final one
-    drafts = replay.Drafter(drafter, target_dir).chains(ids, hidden[:, :-1], 3)
+    drafts = replay.load_drafter(drafter, target_dir).chains(ids, hidden, 3, [1] * 40)
     targets = replay.TargetHead(target_dir).tokens(hidden[:, -1])
     assert len(drafts) == 3 and all(len(d) == 40 for d in drafts) and len(targets) == 40
     assert all(0 <= t < 49152 for t in targets)
     perfect = [drafts[0][i] if i > 0 else 0 for i in range(40)]  # the target agreeing with every first draft
     first_only = replay.walk(drafts, [perfect[i] if i + 1 < 40 else 0 for i in range(40)], 5, 30)
     assert first_only.accepted[0] == first_only.steps
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+def test_a_block_drafter_drafts_from_each_anchor_what_it_drafts_with_the_row_cut_after_it(target_dir, tmp_path,
+                                                                                       family, monkeypatch):
+    """A block family drafts its block from the last committed token and the target's hidden states before it.
+    The replay drafts from every answer position at once (speculators' anchored-block forward, a chunk of anchors
+    at a time): each block must be what the drafter drafts from a row that ends at its anchor (all a server has
+    there), and must not depend on which other anchors share its forward."""
+    drafter = replay.load_drafter(make_block_drafter(target_dir, tmp_path / family, family), target_dir)
+    k = 8 - drafter.first_slot  # block 8: DFlash drafts 7 after its anchor, DSpark 8 (it samples from the anchor)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a fresh drafter drafts one token whatever it reads; these weights make it read
+        for name, weight in drafter.model.named_parameters():
+            if name.startswith(("layers", "fc")):
+                weight.normal_(0, 0.2)
+    ids = torch.randint(0, 1000, (40,))
+    hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)
+    mask = [0] * 10 + [1] * 30  # a prompt of 10, an answer of 30
+    drafts = drafter.chains(ids, hidden, k, mask)
+    assert len(drafts) == k and all(d[:10] == [-1] * 10 for d in drafts)
+    assert all(0 <= d[p] < 49152 for d in drafts for p in range(10, 40))
+    assert all(len(set(d[10:])) > 2 for d in drafts)  # what each block drafts depends on what it reads
+    for anchor in (10, 23, 39):
+        cut = drafter.chains(ids[:anchor + 1], hidden[:anchor + 1], k, mask[:anchor + 1])
+        assert [d[anchor] for d in cut] == [d[anchor] for d in drafts], anchor
+    monkeypatch.setattr(replay, "ANCHOR_CHUNK", 3)
+    assert drafter.chains(ids, hidden, k, mask) == drafts
 
 
 def test_the_exported_checkpoint_is_the_one_a_server_would_accept_most_from(tmp_path):

@@ -17,9 +17,12 @@ in vLLM). This replay closes it:
   at position ``j`` counts only when every earlier one of its step was accepted (vLLM's per-position
   counters count the same).
 
+A block family (DFlash, DSpark) drafts its whole block in one forward from the last committed token (the
+anchor, the block's first slot) and the target's hidden states before it: its drafts from every position come
+from speculators' own anchored-block forward with every answer position an anchor (:class:`BlockDrafter`).
+
 Exact where the answers are the target's own greedy ones (its token at a position is then the answer's
-next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers. EAGLE-3
-only: a block family (DFlash, DSpark) drafts a whole block in one forward, which this walk does not model.
+next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ HEAD_CHUNK = 512
 # (7.5 GB at Kimi-K2's width for 2^17 positions) rather than holding them (a row of 8,192 tokens is 470 MB).
 ROWS = 256
 TOKENS = 2**17
+# A block family's anchors per forward: its logits are anchors x block x draft vocabulary (256 x 8 x 163,840 in
+# bf16: 670 MB where the drafter keeps the target's whole vocabulary).
+ANCHOR_CHUNK = 256
 
 
 @dataclass
@@ -131,6 +137,14 @@ class TargetHead:
         return out
 
 
+def load_drafter(checkpoint: Path, target_dir: Path, device: str = "cpu") -> Drafter | BlockDrafter:
+    """A checkpoint's drafter for the replay, by the family its config names."""
+    from draftsmith.training.families import DEFAULT_FAMILY
+
+    family = json.loads((checkpoint / "config.json").read_text()).get("speculators_model_type", DEFAULT_FAMILY)
+    return (Drafter if family == DEFAULT_FAMILY else BlockDrafter)(checkpoint, target_dir, device)
+
+
 class Drafter:
     """An EAGLE-3 checkpoint as speculators builds it, uncompiled (this forward runs once), on ``device``."""
 
@@ -148,17 +162,87 @@ class Drafter:
         self.d2t = model.d2t.to(device) if model.d2t is not None else None
 
     @torch.no_grad()
-    def chains(self, input_ids: torch.Tensor, aux: torch.Tensor, k: int) -> list[list[int]]:
+    def chains(self, input_ids: torch.Tensor, stored: torch.Tensor, k: int, loss_mask: list[int]) -> list[list[int]]:
         """For one row, the drafts from every position (``drafts[s][p]``, target vocabulary) of its ``input_ids``
-        ``[seq]`` with its stored aux layers ``aux`` ``[seq, layers, hidden]``. Aligned as speculators trains
-        (``shift_batch``): the chain from the token at ``p`` reads the aux states at ``p - 1`` and that token."""
+        ``[seq]`` with its stored hidden states ``stored`` ``[seq, aux layers + final, hidden]`` (one forward
+        drafts from every position, ``loss_mask`` or not). Aligned as speculators trains (``shift_batch``): the
+        chain from the token at ``p`` reads the aux states at ``p - 1`` and that token."""
         ids = input_ids[1:].to(self.device)
-        states = aux[:-1].flatten(1).to(self.device, self.model.fc.weight.dtype)
+        states = stored[:-1, :-1].flatten(1).to(self.device, self.model.fc.weight.dtype)
         with _uncompiled():
             out = self.model(hidden_states=states[None], input_ids=ids[None],
                              document_ids=torch.zeros(1, ids.shape[0], dtype=torch.long, device=self.device),
                              ttt_steps=k)
         return [[0, *(step[0] + (self.d2t[step[0]] if self.d2t is not None else 0)).tolist()] for step in out]
+
+
+class BlockDrafter:
+    """A DFlash or DSpark checkpoint as speculators builds it, on ``device``: a block of drafts from each anchor,
+    as a server drafts it from the last committed token (the anchor) and the target's hidden states before it.
+    DSpark's Markov head biases each slot by the token before it (teacher-forced, as the chain is); its
+    confidence head, which an engine may use to cut a block short, is not applied."""
+
+    def __init__(self, checkpoint: Path, target_dir: Path, device: str = "cpu"):
+        from speculators.models.dflash.core import DFlashDraftModel
+        from speculators.models.dspark.core import DSparkDraftModel
+
+        family = json.loads((checkpoint / "config.json").read_text())["speculators_model_type"]
+        model_class = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel}[family]
+        model_config = model_class.config_class.from_pretrained(checkpoint)
+        model_config.transformer_layer_config._attn_implementation = platform.draft_attention(device, compiled=False)
+        model_config.speculators_config.verifier.name_or_path = str(target_dir)
+        model = model_class.from_pretrained(checkpoint, config=model_config)
+        model.load_verifier_weights()
+        # _backbone_forward also scores the verifier's logits for training's loss; the replay reads none of them
+        model.verifier_lm_head = torch.nn.Identity()
+        self.model = model.to(device).eval()
+        self.device = device
+        self.block = model.block_size
+        # slot s of a block predicts the token s (sampling from the anchor: s + 1) after its anchor
+        self.first_slot = 0 if model.config.sample_from_anchor else 1
+        self.per_step = self.block - self.first_slot  # what vLLM drafts per step (families.num_speculative_tokens)
+        self.d2t = model.d2t.to(device) if model.d2t is not None else None
+
+    @torch.no_grad()
+    def chains(self, input_ids: torch.Tensor, stored: torch.Tensor, k: int, loss_mask: list[int]) -> list[list[int]]:
+        """For one row, the block drafted from each answer position (``loss_mask``; ``drafts[s][p]``, target
+        vocabulary; -1 elsewhere), ``ANCHOR_CHUNK`` anchors per forward. speculators leaves the last ``block``
+        positions out of its anchors: the row is padded by a block, which no anchor sees (they see the
+        positions before them)."""
+        seq, pad = input_ids.shape[0], self.block
+        dtype = self.model.fc.weight.dtype
+        ids = torch.cat([input_ids, input_ids.new_full((pad,), self.model.mask_token_id)]).to(self.device)[None]
+        padded = torch.cat([stored, stored.new_zeros((pad, *stored.shape[1:]))]).to(self.device, dtype)
+        aux, final = padded[:, :-1].flatten(1)[None], padded[:, -1][None]
+        documents = torch.zeros(1, seq + pad, dtype=torch.long, device=self.device)
+        anchors = [p for p, supervised in enumerate(loss_mask) if supervised]
+        drafts = [[-1] * seq for _ in range(k)]
+        for start in range(0, len(anchors), ANCHOR_CHUNK):
+            chunk = anchors[start:start + ANCHOR_CHUNK]
+            mask = torch.zeros(1, seq + pad, dtype=torch.long, device=self.device)
+            mask[0, chunk] = 1
+            with _uncompiled():
+                slots = self._block_logits(aux, ids, mask, final, documents, len(chunk)).argmax(-1)
+            slots = slots + self.d2t[slots] if self.d2t is not None else slots
+            for s in range(k):
+                for anchor, token in zip(chunk, slots[:, self.first_slot + s].tolist(), strict=True):
+                    drafts[s][anchor] = token
+        return drafts
+
+    def _block_logits(self, aux, ids, mask, final, documents, anchors: int) -> torch.Tensor:
+        """The draft logits ``[anchors, block, draft vocabulary]`` from the anchors ``mask`` marks (speculators
+        takes every one it marks, in order, when asked for exactly that many), with DSpark's Markov bias."""
+        hidden, logits, _, _, indices = self.model._backbone_forward(
+            aux, ids, mask, final, documents, max_anchors=anchors)
+        logits = logits.view(anchors, self.block, -1)
+        markov = getattr(self.model, "markov_head", None)
+        if markov is not None:
+            block_tokens = ids[0, indices].view(anchors, self.block)
+            previous = block_tokens if self.model.config.sample_from_anchor else \
+                torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], dim=1)
+            logits = logits + markov.block_bias(prev_token_ids=previous,
+                                                hidden_states=hidden.view(anchors, self.block, -1))
+        return logits
 
 
 @contextlib.contextmanager
@@ -239,7 +323,7 @@ def read_states(stores: dict, entry: dict) -> torch.Tensor:
     return stored["hidden_states"]
 
 
-def predict(drafter: Drafter, rows: list[Row], stores: dict, k: int, window: int | None = None,
+def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, k: int, window: int | None = None,
             first_turn_only: bool = False) -> tuple[Walk, list[Walk]]:
     """The walk over ``rows``, in total and per row (their hidden states read again, one row at a time);
     ``window``: at most that many tokens of each turn (what the export gate serves of it), and
@@ -248,7 +332,7 @@ def predict(drafter: Drafter, rows: list[Row], stores: dict, k: int, window: int
     for row in rows:
         stored = read_states(stores, {"dataset": row.key[0], "source_row": row.key[1],
                                       "input_ids": row.input_ids.tolist()})
-        drafts = drafter.chains(row.input_ids, stored[:, :-1], k)
+        drafts = drafter.chains(row.input_ids, stored, k, row.loss_mask)
         walked = Walk(k)
         for first, last in turns(row.loss_mask)[:1] if first_turn_only else turns(row.loss_mask):
             walked.add(walk(drafts, row.targets, first, min(last, first + window - 1) if window else last, last))
@@ -257,7 +341,7 @@ def predict(drafter: Drafter, rows: list[Row], stores: dict, k: int, window: int
     return total, per_row
 
 
-def epoch_figures(drafter: Drafter, rows: list[Row], stores: dict, k: int, looping: list[bool]) -> dict:
+def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, k: int, looping: list[bool]) -> dict:
     """One checkpoint's predicted served figures over the validation ``rows``, with and without the rows whose
     answers loop (``looping``): a loop is the easiest thing to predict, and traffic does not loop."""
     total, per_row = predict(drafter, rows, stores, k)
@@ -272,8 +356,9 @@ def epoch_figures(drafter: Drafter, rows: list[Row], stores: dict, k: int, loopi
 def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged: Path, stores: dict,
                    skip: set[tuple[str, int]], target_dir: Path, k: int, device: str) -> None:
     """Each validated epoch's predicted served figures (:func:`epoch_figures`), added to its entry as
-    ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. A replay that
-    fails (memory, an unreadable row) leaves the epochs without it, saying why: the simulated τ chooses then."""
+    ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. ``k``: EAGLE-3's
+    chain; a block family drafts its block. A replay that fails (memory, an unreadable row) leaves the epochs
+    without it, saying why: the simulated τ chooses then."""
     from draftsmith.data.repetition import is_looping
 
     try:
@@ -283,8 +368,9 @@ def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged:
         del head
         for entry in validation:
             if entry.get("epoch") in checkpoints and rows:
-                drafter = Drafter(checkpoints[entry["epoch"]], target_dir, device)
-                entry["predicted_served"] = epoch_figures(drafter, rows, stores, k, looping)
+                drafter = load_drafter(checkpoints[entry["epoch"]], target_dir, device)
+                entry["predicted_served"] = epoch_figures(
+                    drafter, rows, stores, drafter.per_step if isinstance(drafter, BlockDrafter) else k, looping)
                 del drafter
     except Exception as err:  # memory, a row, another speculators' API: the trained epochs stand
         log.warning("the predicted served acceptance could not be computed (%s: %s); the simulated τ chooses the "
@@ -303,7 +389,7 @@ def at_gate(checkpoint: Path, merged: Path, stores: dict, skip: set[tuple[str, i
         head = TargetHead(target_dir, device)
         held = read_rows(merged, stores, head, skip, limit=rows, tokens=2**62)
         del head
-        walked, _ = predict(Drafter(checkpoint, target_dir, device), held, stores, k, window=window,
+        walked, _ = predict(load_drafter(checkpoint, target_dir, device), held, stores, k, window=window,
                             first_turn_only=True)
     except Exception as err:  # as in predict_epochs: the gate judges without it
         log.warning("the gate's predicted acceptance could not be computed (%s: %s); the gate judges the first "

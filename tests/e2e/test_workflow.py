@@ -432,6 +432,17 @@ def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagl
     assert exported.get("speculators_model_type", "eagle3") == results["family"]
     training = json.loads((work / "results" / "train" / "dflash" / "training.json").read_text())
     assert training["mask_token"]["why"] and training["validation"][0].get("eal_epoch")
+    # Both block families' epochs were replayed as a server drafts their block (block 4: DFlash drafts 3 after
+    # the anchor, DSpark 4), the checkpoint chosen by it; DFlash's gate shows served beside predicted by position.
+    for family, drafted in (("dflash", 3), ("dspark", 4)):
+        trained = json.loads((work / "results" / "train" / family / "training.json").read_text())
+        assert all(len(v["predicted_served"]["acceptance_rate_per_position"]) == drafted
+                   for v in trained["validation"])
+        assert "predicted served τ" in trained["chosen"]["reason"], trained["chosen"]
+    gate = json.loads((work / "results" / "drafters" / "dflash" / "gate.json").read_text())
+    assert [p["position"] for p in gate["positions"]] == [1, 2, 3] and gate["predicted"]["drafts"] > 0, gate
+    print("\nDFlash gate, predicted / served by position: "
+          + ", ".join(f"{p['predicted']:.3f} / {p['served']:.3f}" for p in gate["positions"]), file=sys.stderr)
     report = (work / "results" / "report" / "report.md").read_text()
     assert "## Drafter families" in report and "| DFlash" in report and "| EAGLE-3" in report
     assert "| DSpark | – | – | – | not served here |" in report
