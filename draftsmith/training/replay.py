@@ -354,11 +354,11 @@ def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict
 
 
 def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged: Path, stores: dict,
-                   skip: set[tuple[str, int]], target_dir: Path, k: int, device: str) -> None:
+                   skip: set[tuple[str, int]], target_dir: Path, k: int | None, device: str) -> None:
     """Each validated epoch's predicted served figures (:func:`epoch_figures`), added to its entry as
     ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. ``k``: EAGLE-3's
-    chain; a block family drafts its block. A replay that fails (memory, an unreadable row) leaves the epochs
-    without it, saying why: the simulated τ chooses then."""
+    chain (None for a block family, which drafts its block). A replay that fails (memory, an unreadable row)
+    leaves the epochs without it, saying why: the simulated τ chooses then."""
     from draftsmith.data.repetition import is_looping
 
     try:
