@@ -1,6 +1,7 @@
 """The served acceptance predicted without a server: the drafter replayed on stored hidden states, walked as a
 server drafts and verifies, against the target's whole-vocabulary argmax."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -52,32 +53,52 @@ def test_a_drafter_replayed_is_accepted_where_the_target_agrees_with_it(drafter,
     assert first_only.accepted[0] == first_only.steps
 
 
-@pytest.mark.parametrize("family", ["dflash", "dspark"])
-def test_a_block_drafter_drafts_from_each_anchor_what_it_drafts_with_the_row_cut_after_it(target_dir, tmp_path,
-                                                                                       family, monkeypatch):
-    """A block family drafts its block from the last committed token and the target's hidden states before it.
-    The replay drafts from every answer position at once (speculators' anchored-block forward, a chunk of anchors
-    at a time): each block must be what the drafter drafts from a row that ends at its anchor (all a server has
-    there), and must not depend on which other anchors share its forward."""
+@pytest.mark.parametrize(("family", "k"), [("dflash", 7), ("dspark", 8)])  # block 8: DSpark drafts its anchor's slot
+def test_a_block_drafter_drafts_from_what_a_server_has_at_its_anchor(target_dir, tmp_path, family, k, monkeypatch):
+    """A block family drafts its block from the last committed token (the anchor) and the target's hidden states
+    before it; DSpark's Markov head biases each slot by the token before it (the drafted one, which the answer's
+    is wherever the earlier drafts were accepted). The replay drafts from every walked position at once
+    (speculators' anchored-block forward, a chunk of anchors at a time): each block must read the states before
+    its anchor and none from it on, DFlash's no token after its anchor, and must not depend on which other
+    anchors share its forward; its drafts are the draft vocabulary's tokens, in the target's numbering."""
     drafter = replay.load_drafter(make_block_drafter(target_dir, tmp_path / family, family), target_dir)
-    k = 8 - drafter.first_slot  # block 8: DFlash drafts 7 after its anchor, DSpark 8 (it samples from the anchor)
+    assert drafter.per_step == k
     torch.manual_seed(0)
     with torch.no_grad():  # a fresh drafter drafts one token whatever it reads; these weights make it read
         for name, weight in drafter.model.named_parameters():
             if name.startswith(("layers", "fc")):
                 weight.normal_(0, 0.2)
+            elif name.startswith("markov_head"):
+                weight.normal_(0, 1.0)
     ids = torch.randint(0, 1000, (40,))
     hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)
-    mask = [0] * 10 + [1] * 30  # a prompt of 10, an answer of 30
-    drafts = drafter.chains(ids, hidden, k, mask)
+    walked = [0] * 10 + [1] * 30  # a prompt of 10, an answer of 30
+    drafts = drafter.chains(ids, hidden, k, walked)
     assert len(drafts) == k and all(d[:10] == [-1] * 10 for d in drafts)
-    assert all(0 <= d[p] < 49152 for d in drafts for p in range(10, 40))
+    in_draft_vocabulary = set(np.flatnonzero(np.load(tmp_path / "t2d.npy")).tolist())
+    assert {d[p] for d in drafts for p in range(10, 40)} <= in_draft_vocabulary
     assert all(len(set(d[10:])) > 2 for d in drafts)  # what each block drafts depends on what it reads
-    for anchor in (10, 23, 39):
-        cut = drafter.chains(ids[:anchor + 1], hidden[:anchor + 1], k, mask[:anchor + 1])
-        assert [d[anchor] for d in cut] == [d[anchor] for d in drafts], anchor
+
+    anchor = 23
+    def block(inputs, states):
+        return [d[anchor] for d in drafter.chains(inputs, states, k, walked)]
+
+    later, earlier, tokens = hidden.clone(), hidden.clone(), ids.clone()
+    later[anchor:] = torch.randn(40 - anchor, 4, 576, dtype=torch.bfloat16)
+    earlier[:anchor] = torch.randn(anchor, 4, 576, dtype=torch.bfloat16)
+    tokens[anchor + 1] = (ids[anchor + 1] + 1) % 1000
+    served = [d[anchor] for d in drafts]
+    assert block(ids, later) == served  # the anchor's own state and later ones: not yet computed by a server
+    assert block(ids, earlier) != served  # the states before the anchor: read
+    if family == "dflash":
+        assert block(tokens, hidden) == served  # the block's other slots are mask tokens
+    else:  # the token after the anchor biases the slot that drafts the one after it, and no other slot
+        changed = block(tokens, hidden)
+        assert changed[1] != served[1] and changed[:1] + changed[2:] == served[:1] + served[2:]
     monkeypatch.setattr(replay, "ANCHOR_CHUNK", 3)
-    assert drafter.chains(ids, hidden, k, mask) == drafts
+    assert drafter.chains(ids, hidden, k, walked) == drafts
+    alone = drafter.chains(ids, hidden, k, [int(p in (10, 39)) for p in range(40)])  # the first and last alone
+    assert [[d[p] for p in (10, 39)] for d in alone] == [[d[p] for p in (10, 39)] for d in drafts]
 
 
 def test_the_exported_checkpoint_is_the_one_a_server_would_accept_most_from(tmp_path):

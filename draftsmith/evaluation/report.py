@@ -513,10 +513,11 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
              f"At the export gate, each family served the first turns of validation rows (up to {GATE_WINDOW} tokens "
              "each), and the same drafter was replayed on the stored hidden states of those rows and window, walked as "
              "a server drafts and verifies (a block family's block from each anchor in one forward). A position "
-             f"served below {PREDICTED_SHARE:g} of its prediction, where the "
-             f"prediction accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts less "
-             "there than the drafter does (its attention, rope or a later step's inputs differ from training), or "
-             "the served answers are not the stored ones (sampling, numerics)."]
+             f"served below {PREDICTED_SHARE:g} of its prediction, where the prediction accepts {FLAG_MIN_ACCEPTED} "
+             "drafts or more, is flagged: the engine accepts less there than the drafter does (its attention, rope or "
+             "a later step's inputs differ from training), or the served answers are not the stored ones (sampling, "
+             "numerics). DSpark: an engine whose confidence head cuts a block short accepts less at the later "
+             "positions than the replay, which drafts the whole block."]
     for family, table in tables:
         lines += ["", f"{DISPLAY_NAME[family]}:", "", *table]
     return lines

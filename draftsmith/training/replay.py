@@ -1,4 +1,4 @@
-"""What a server would accept from an EAGLE-3 drafter, predicted without a server: the drafter replayed on the
+"""What a server would accept from a drafter, predicted without a server: the drafter replayed on the
 stored hidden states of held-out answers, walked the way a server drafts and verifies.
 
 speculators' validation figures (``full_acc_k``) are not what a server accepts: they count every position of
@@ -47,8 +47,9 @@ HEAD_CHUNK = 512
 # (7.5 GB at Kimi-K2's width for 2^17 positions) rather than holding them (a row of 8,192 tokens is 470 MB).
 ROWS = 256
 TOKENS = 2**17
-# A block family's anchors per forward: its logits are anchors x block x draft vocabulary (256 x 8 x 163,840 in
-# bf16: 670 MB where the drafter keeps the target's whole vocabulary).
+# A block family's anchors per forward: its logits are anchors x block x draft vocabulary (256 x 16, speculators'
+# default block, x 163,840 in bf16: 1.3 GB where the drafter keeps the target's whole vocabulary; DSpark's
+# Markov bias as much again).
 ANCHOR_CHUNK = 256
 
 
@@ -141,8 +142,10 @@ def load_drafter(checkpoint: Path, target_dir: Path, device: str = "cpu") -> Dra
     """A checkpoint's drafter for the replay, by the family its config names."""
     from draftsmith.training.families import DEFAULT_FAMILY
 
-    family = json.loads((checkpoint / "config.json").read_text()).get("speculators_model_type", DEFAULT_FAMILY)
-    return (Drafter if family == DEFAULT_FAMILY else BlockDrafter)(checkpoint, target_dir, device)
+    config = json.loads((checkpoint / "config.json").read_text())
+    if config.get("speculators_model_type", DEFAULT_FAMILY) == DEFAULT_FAMILY:
+        return Drafter(checkpoint, target_dir, device)
+    return BlockDrafter(checkpoint, config, target_dir, device)
 
 
 class Drafter:
@@ -162,10 +165,10 @@ class Drafter:
         self.d2t = model.d2t.to(device) if model.d2t is not None else None
 
     @torch.no_grad()
-    def chains(self, input_ids: torch.Tensor, stored: torch.Tensor, k: int, loss_mask: list[int]) -> list[list[int]]:
+    def chains(self, input_ids: torch.Tensor, stored: torch.Tensor, k: int, walked: list[int]) -> list[list[int]]:
         """For one row, the drafts from every position (``drafts[s][p]``, target vocabulary) of its ``input_ids``
         ``[seq]`` with its stored hidden states ``stored`` ``[seq, aux layers + final, hidden]`` (one forward
-        drafts from every position, ``loss_mask`` or not). Aligned as speculators trains (``shift_batch``): the
+        drafts from every position, walked or not). Aligned as speculators trains (``shift_batch``): the
         chain from the token at ``p`` reads the aux states at ``p - 1`` and that token."""
         ids = input_ids[1:].to(self.device)
         states = stored[:-1, :-1].flatten(1).to(self.device, self.model.fc.weight.dtype)
@@ -182,11 +185,13 @@ class BlockDrafter:
     DSpark's Markov head biases each slot by the token before it (teacher-forced, as the chain is); its
     confidence head, which an engine may use to cut a block short, is not applied."""
 
-    def __init__(self, checkpoint: Path, target_dir: Path, device: str = "cpu"):
+    def __init__(self, checkpoint: Path, config: dict, target_dir: Path, device: str = "cpu"):
         from speculators.models.dflash.core import DFlashDraftModel
         from speculators.models.dspark.core import DSparkDraftModel
 
-        family = json.loads((checkpoint / "config.json").read_text())["speculators_model_type"]
+        from draftsmith.training.families import num_speculative_tokens
+
+        family = config["speculators_model_type"]
         model_class = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel}[family]
         model_config = model_class.config_class.from_pretrained(checkpoint)
         model_config.transformer_layer_config._attn_implementation = platform.draft_attention(device, compiled=False)
@@ -198,15 +203,15 @@ class BlockDrafter:
         self.model = model.to(device).eval()
         self.device = device
         self.block = model.block_size
+        self.per_step = num_speculative_tokens(family, config, 0)  # what vLLM drafts per step
         # slot s of a block predicts the token s (sampling from the anchor: s + 1) after its anchor
-        self.first_slot = 0 if model.config.sample_from_anchor else 1
-        self.per_step = self.block - self.first_slot  # what vLLM drafts per step (families.num_speculative_tokens)
+        self.first_slot = self.block - self.per_step
         self.d2t = model.d2t.to(device) if model.d2t is not None else None
 
     @torch.no_grad()
-    def chains(self, input_ids: torch.Tensor, stored: torch.Tensor, k: int, loss_mask: list[int]) -> list[list[int]]:
-        """For one row, the block drafted from each answer position (``loss_mask``; ``drafts[s][p]``, target
-        vocabulary; -1 elsewhere), ``ANCHOR_CHUNK`` anchors per forward. speculators leaves the last ``block``
+    def chains(self, input_ids: torch.Tensor, stored: torch.Tensor, k: int, walked: list[int]) -> list[list[int]]:
+        """For one row, the block drafted from each position a walk drafts from (``walked``; ``drafts[s][p]``,
+        target vocabulary; -1 elsewhere), ``ANCHOR_CHUNK`` anchors per forward. speculators leaves the last ``block``
         positions out of its anchors: the row is padded by a block, which no anchor sees (they see the
         positions before them)."""
         seq, pad = input_ids.shape[0], self.block
@@ -215,7 +220,7 @@ class BlockDrafter:
         padded = torch.cat([stored, stored.new_zeros((pad, *stored.shape[1:]))]).to(self.device, dtype)
         aux, final = padded[:, :-1].flatten(1)[None], padded[:, -1][None]
         documents = torch.zeros(1, seq + pad, dtype=torch.long, device=self.device)
-        anchors = [p for p, supervised in enumerate(loss_mask) if supervised]
+        anchors = [p for p, drafts_here in enumerate(walked) if drafts_here]
         drafts = [[-1] * seq for _ in range(k)]
         for start in range(0, len(anchors), ANCHOR_CHUNK):
             chunk = anchors[start:start + ANCHOR_CHUNK]
@@ -332,10 +337,15 @@ def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, k: i
     for row in rows:
         stored = read_states(stores, {"dataset": row.key[0], "source_row": row.key[1],
                                       "input_ids": row.input_ids.tolist()})
-        drafts = drafter.chains(row.input_ids, stored, k, row.loss_mask)
+        spans = [(first, min(last, first + window - 1) if window else last, last)
+                 for first, last in (turns(row.loss_mask)[:1] if first_turn_only else turns(row.loss_mask))]
+        from_here = [0] * len(row.loss_mask)  # where the walks may draft from
+        for first, served, _ in spans:
+            from_here[first:served] = [1] * (served - first)
+        drafts = drafter.chains(row.input_ids, stored, k, from_here)
         walked = Walk(k)
-        for first, last in turns(row.loss_mask)[:1] if first_turn_only else turns(row.loss_mask):
-            walked.add(walk(drafts, row.targets, first, min(last, first + window - 1) if window else last, last))
+        for first, served, last in spans:
+            walked.add(walk(drafts, row.targets, first, served, last))
         total.add(walked)
         per_row.append(walked)
     return total, per_row
