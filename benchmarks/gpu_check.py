@@ -16,8 +16,10 @@ GPU memory to ``gpu_check.json``:
    against the CPU's;
 2. ``probe``: what ``train.loss_implementation: auto`` and ``train.compile: auto`` choose on this GPU;
 3. ``train_eagle3``: draftsmith's trainer under torchrun as a user's run gets it (the probe's choice),
-   with its phases; ``speculators_loop``: speculators' own loop on the same data and arguments;
-4. ``train_dflash`` / ``train_dspark``: each block family's probe and a few steps;
+   with its phases, and each epoch replayed on the validation rows as a server drafts and verifies (the
+   predicted served τ that chooses the checkpoint); ``speculators_loop``: speculators' own loop on the
+   same data and arguments;
+4. ``train_dflash`` / ``train_dspark``: each block family's probe and a few steps, replayed as EAGLE-3's;
 5. ``train_long_compiled`` / ``train_long_uncompiled``: EAGLE-3 at a user's lengths (``total_seq_len``
    8,192, 3 test-time steps) on the Qwen3-8B-wide states, compiled (FlexAttention) and not (sdpa);
 6. ``export``: every trained family's export, loaded back; whether EAGLE-3's trained draft head moved.
@@ -317,12 +319,33 @@ def train(out: Path, step: str, device: str, processes: int) -> dict:
         validation = tr.train_under_torchrun(processes, run_dir / "validation.jsonl", argv, os.cpu_count() or 1)
         result["phases"] = json.loads(tr.phases_file(run_dir / "validation.jsonl").read_text())
         result["simulated_tau"] = [round(tr.simulated_tau(e), 4) for e in validation]
+        result["predicted_served_tau"] = replayed(out, size, validation, run_dir, cfg, device)
         result["checkpoint"] = str(tr.choose_checkpoint(run_dir / "checkpoints", validation)[0])
     wall = time.perf_counter() - started
     result["wall_s"] = round(wall, 1)
     if not cfg.get("max_steps"):  # whole epochs: their tokens over the wall time
         result["tok_s"] = round(cfg["epochs"] * int(data["trained_tokens"]) / wall)
     return result
+
+
+def replayed(out: Path, size_name: str, validation: list[dict], run_dir: Path, cfg: dict, device: str) -> list[float]:
+    """Each epoch's predicted served τ (draftsmith.training.replay, as scripts/train.py runs it) on the check's
+    validation rows and stored states, on ``device``; a replay that failed fails the step (the workflow
+    falls back to the simulated τ, which would hide it here)."""
+    from draftsmith.hidden_states.store import ShardStore, fingerprint
+    from draftsmith.training import replay
+    from draftsmith.training import train as tr
+
+    size = SIZES["cpu" if device == "cpu" else "gpu"][size_name]
+    store = ShardStore(out / f"hidden_states_{size_name}",
+                       fingerprint({"target": size_name}, AUX_LAYERS, size["layers"], "transformers"))
+    replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"),
+                          out / f"data_{size_name}" / "merged.parquet", {"check": store}, set(),
+                          out / f"target_{size_name}", cfg.get("ttt_steps"), device)
+    failed = [e["predicted_served_failed"] for e in validation if "predicted_served_failed" in e]
+    if failed:
+        raise AssertionError(f"the replay failed: {failed[0]}")
+    return [round(e["predicted_served"]["tokens_per_step"], 4) for e in validation if "predicted_served" in e]
 
 
 def export(out: Path) -> dict:
