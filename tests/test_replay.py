@@ -138,3 +138,12 @@ def test_the_validation_rows_are_read_from_the_groups_that_hold_them(tmp_path):
     assert groups == [2, 3]  # rows 8-11 and 12-14; rows 0-7 are training rows only
     rows = replay.held_out(tmp_path / "merged.parquet", skip={("d", 11)}, limit=3)
     assert [r["source_row"] for r in rows] == [10, 12, 13]
+
+
+def test_a_replay_that_fails_leaves_the_epochs_to_the_simulated_tau_and_the_gate_to_validation(tmp_path, caplog):
+    """A replay that cannot run (here: no target weights, no table) never fails the training or export job."""
+    validation = [{"epoch": 0, "full_acc_0_epoch": 0.3}]
+    replay.predict_epochs(validation, {0: tmp_path}, tmp_path / "merged.parquet", {}, set(), tmp_path, None, "cpu")
+    assert "predicted_served" not in validation[0] and validation[0]["predicted_served_failed"]
+    assert replay.at_gate(tmp_path, tmp_path / "merged.parquet", {}, set(), tmp_path, 8, 3, 64, "cpu") is None
+    assert "could not be computed" in caplog.text

@@ -18,8 +18,8 @@ in vLLM). This replay closes it:
   counters count the same).
 
 A block family (DFlash, DSpark) drafts its whole block in one forward from the last committed token (the
-anchor, the block's first slot) and the target's hidden states before it: its drafts from every position come
-from speculators' own anchored-block forward with every answer position an anchor (:class:`BlockDrafter`).
+anchor, the block's first slot) and the target's hidden states before it: its drafts come from speculators'
+own anchored-block forward with every position a walk drafts from an anchor (:class:`BlockDrafter`).
 
 Exact where the answers are the target's own greedy ones (its token at a position is then the answer's
 next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers.
@@ -142,10 +142,10 @@ def load_drafter(checkpoint: Path, target_dir: Path, device: str = "cpu") -> Dra
     """A checkpoint's drafter for the replay, by the family its config names."""
     from draftsmith.training.families import DEFAULT_FAMILY
 
-    config = json.loads((checkpoint / "config.json").read_text())
-    if config.get("speculators_model_type", DEFAULT_FAMILY) == DEFAULT_FAMILY:
+    family = json.loads((checkpoint / "config.json").read_text()).get("speculators_model_type", DEFAULT_FAMILY)
+    if family == DEFAULT_FAMILY:
         return Drafter(checkpoint, target_dir, device)
-    return BlockDrafter(checkpoint, config, target_dir, device)
+    return BlockDrafter(checkpoint, family, target_dir, device)
 
 
 class Drafter:
@@ -185,14 +185,11 @@ class BlockDrafter:
     DSpark's Markov head biases each slot by the token before it (teacher-forced, as the chain is); its
     confidence head, which an engine may use to cut a block short, is not applied."""
 
-    def __init__(self, checkpoint: Path, config: dict, target_dir: Path, device: str = "cpu"):
-        from speculators.models.dflash.core import DFlashDraftModel
-        from speculators.models.dspark.core import DSparkDraftModel
-
-        from draftsmith.training.families import num_speculative_tokens
-
-        family = config["speculators_model_type"]
-        model_class = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel}[family]
+    def __init__(self, checkpoint: Path, family: str, target_dir: Path, device: str = "cpu"):
+        if family == "dspark":
+            from speculators.models.dspark.core import DSparkDraftModel as model_class
+        else:
+            from speculators.models.dflash.core import DFlashDraftModel as model_class
         model_config = model_class.config_class.from_pretrained(checkpoint)
         model_config.transformer_layer_config._attn_implementation = platform.draft_attention(device, compiled=False)
         model_config.speculators_config.verifier.name_or_path = str(target_dir)
@@ -203,9 +200,10 @@ class BlockDrafter:
         self.model = model.to(device).eval()
         self.device = device
         self.block = model.block_size
-        self.per_step = num_speculative_tokens(family, config, 0)  # what vLLM drafts per step
-        # slot s of a block predicts the token s (sampling from the anchor: s + 1) after its anchor
-        self.first_slot = self.block - self.per_step
+        # slot s of a block predicts the token s (sampling from the anchor: s + 1) after its anchor; read from
+        # the model's config, whose defaults its forward reads too (families.num_speculative_tokens for vLLM)
+        self.first_slot = 0 if model.config.sample_from_anchor else 1
+        self.per_step = self.block - self.first_slot
         self.d2t = model.d2t.to(device) if model.d2t is not None else None
 
     @torch.no_grad()
