@@ -61,6 +61,10 @@ def test_a_block_drafter_drafts_from_what_a_server_has_at_its_anchor(target_dir,
     (speculators' anchored-block forward, a chunk of anchors at a time): each block must read the states before
     its anchor and none from it on, DFlash's no token after its anchor, and must not depend on which other
     anchors share its forward; its drafts are the draft vocabulary's tokens, in the target's numbering."""
+    from draftsmith.core import compute
+
+    # in fp32: in bf16 a forward's shape (which anchors share it) moves a logit's last bits, and a near-tie flips
+    monkeypatch.setattr(compute, "choose", lambda *args, **kwargs: compute.Choice("float32", "exact comparisons"))
     drafter = replay.load_drafter(make_block_drafter(target_dir, tmp_path / family, family), target_dir)
     assert drafter.per_step == k
     torch.manual_seed(0)
@@ -147,3 +151,12 @@ def test_a_replay_that_fails_leaves_the_epochs_to_the_simulated_tau_and_the_gate
     assert "predicted_served" not in validation[0] and validation[0]["predicted_served_failed"]
     assert replay.at_gate(tmp_path, tmp_path / "merged.parquet", {}, set(), tmp_path, 8, 3, 64, "cpu") is None
     assert "could not be computed" in caplog.text
+
+
+def test_the_replay_computes_in_the_machines_dtype_not_the_checkpoints(drafter, target_dir, monkeypatch):
+    """A bf16 checkpoint and target on a CPU without native bf16 (AVX2 only) replay in fp32, 7x faster there."""
+    from draftsmith.core import compute
+
+    monkeypatch.setattr(compute, "choose", lambda *args, **kwargs: compute.Choice("float32", "AVX2 only"))
+    assert replay.TargetHead(target_dir).head.dtype == torch.float32
+    assert replay.load_drafter(drafter, target_dir).model.fc.weight.dtype == torch.float32

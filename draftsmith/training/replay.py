@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.core import platform
+from draftsmith.core import compute, platform
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,12 @@ def turns(loss_mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
+def compute_dtype() -> torch.dtype:
+    """What the replay computes in: the machine's compute dtype (compute.choose), not the checkpoint's. A bf16
+    checkpoint on a CPU without native bf16 (AVX2 only) would take 7x as long through the target's head."""
+    return getattr(torch, compute.choose("auto").dtype)
+
+
 class TargetHead:
     """The target's final norm and whole-vocabulary LM head: its token after each position of a row, from the
     stored final hidden states (taken before the norm)."""
@@ -122,7 +128,7 @@ class TargetHead:
         from transformers import AutoConfig
 
         weights = load_model_layers(["lm_head.weight", "embed_tokens.weight", "model.norm.weight"], str(target_dir))
-        self.head = weights.get("lm_head.weight", weights["embed_tokens.weight"]).to(device)
+        self.head = weights.get("lm_head.weight", weights["embed_tokens.weight"]).to(device, compute_dtype())
         self.norm = weights["model.norm.weight"].to(device)
         config = AutoConfig.from_pretrained(target_dir)
         self.eps = getattr(getattr(config, "text_config", config), "rms_norm_eps", 1e-6)
@@ -159,7 +165,7 @@ class Drafter:
         config.speculators_config.verifier.name_or_path = str(target_dir)  # the prepared target, wherever it is
         model = Eagle3DraftModel.from_pretrained(checkpoint, config=config)
         model.load_verifier_weights()  # the target's embeddings, which the checkpoint does not carry
-        self.model = model.to(device).eval()
+        self.model = model.to(device, compute_dtype()).eval()
         self.device = device
         # draft token d is target token d + d2t[d]; speculators keeps no map when both vocabularies are one
         self.d2t = model.d2t.to(device) if model.d2t is not None else None
@@ -197,7 +203,7 @@ class BlockDrafter:
         model.load_verifier_weights()
         # _backbone_forward also scores the verifier's logits for training's loss; the replay reads none of them
         model.verifier_lm_head = torch.nn.Identity()
-        self.model = model.to(device).eval()
+        self.model = model.to(device, compute_dtype()).eval()
         self.device = device
         self.block = model.block_size
         # slot s of a block predicts the token s (sampling from the anchor: s + 1) after its anchor; read from
