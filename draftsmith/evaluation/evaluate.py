@@ -527,9 +527,10 @@ def measure_method(grid: Grid, model: str, baseline_server: Callable[[], Abstrac
     only the cells are served here; else the target alone first, then the cells, in one window, so every
     speed-up divides by a baseline measured beside the same load. A shared baseline measured on other
     accelerators (a SLURM partition of H100 and H200 nodes) is measured again here."""
-    if shared_baseline is not None and shared_baseline["accelerators"] != (here := compute.accelerators()):
+    # a baseline recorded before its accelerators were (a project upgraded mid-run) is measured again too
+    if shared_baseline is not None and shared_baseline.get("accelerators") != (here := compute.accelerators()):
         log.warning("the grid's baseline ran on %s, this job on %s: the target alone is measured again here",
-                    shared_baseline["accelerators"], here)
+                    shared_baseline.get("accelerators", "accelerators not recorded"), here)
         shared_baseline = None
     if shared_baseline is not None:
         measured = measure_cells(grid, model, shared_baseline["baseline"], cells)
