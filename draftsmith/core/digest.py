@@ -28,6 +28,11 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def prompt_digest(turns: list[str], system: str | None) -> str:
-    """Digest of a prompt's content: a changed prompt gets a new answer even if its id stays."""
-    return json_digest([system, turns])
+def prompt_digest(turns: list[str], system: str | None, tools: list[dict] | None = None,
+                  tool_steps: list[list[list[dict]]] | None = None) -> str:
+    """Digest of a prompt's content: a changed prompt gets a new answer even if its id stays. A row
+    with tools is keyed on its tools and its tool results too; a row without keeps the digest it had
+    before tools were read, so no finished journal is answered again."""
+    if tools is None and tool_steps is None:
+        return json_digest([system, turns])
+    return json_digest([system, turns, tools, tool_steps])

@@ -24,6 +24,13 @@ text only (and for ``reasoning: drop``, which leaves the model's thinking out). 
 block the parser split differently from the template, an answer cut inside a multi-byte
 character or a non-canonical tokenization trains on the model's own tokens instead of failing.
 
+Conversations with tools (a record's ``tools`` and its assistant ``tool_calls`` answered by ``tool``
+messages) are rendered by the template with ``tools=``: the mask covers every token the model
+generated (its text, its reasoning and its tool-call markup), never a tool result or the tools'
+definitions. A template that ignores them (SmolLM2's renders only role and content) is refused
+before work by :func:`tool_template_problem`, unless ``tokenize.tool_rendering: text``, which
+writes the exchange as plain text every template shows (:func:`text_rendering`).
+
 Checks that can fail (counted per dataset, the job fails above the configured rates): the
 prompt we render for each turn has as many tokens as the server counted (and the same ids when
 the server returned them), and the model's token ids spell the text the server returned (another
@@ -33,8 +40,11 @@ job's first answers, so a mismatch stops the job in its first minute, not after 
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass, field
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -56,11 +66,16 @@ class RoundTripError(ValueError):
     pass
 
 
+class ToolTemplateError(ValueError):
+    """The chat template cannot render a dataset's tools: the whole dataset is refused, not a row."""
+
+
 @dataclass
 class Row:
     input_ids: list[int]
     loss_mask: list[int]
     turn_tokens: dict[int, list[int]]  # supervised token ids of each assistant turn (0-based) in this row
+    result_tokens_supervised: int = 0  # supervised tokens inside a tool result's text (must stay 0)
 
 
 @dataclass
@@ -96,31 +111,124 @@ def prepare_messages(messages: list[dict], reasoning: str) -> list[dict]:
 
     ``template``: pass it as ``reasoning_content`` (what vLLM hands the template for history
     turns too; Qwen3/DeepSeek/Kimi-style templates render it); ``think_tags``: inline
-    ``<think>…</think>`` before the answer; ``drop``: leave it out.
+    ``<think>…</think>`` before the answer; ``drop``: leave it out. Tool calls and results keep
+    ``tool_calls``, ``tool_call_id`` and ``name``, the calls' arguments as objects (what vLLM hands
+    the template, so the prompts we render are the server's).
     """
     out = []
     for msg in messages:
-        msg = {k: v for k, v in msg.items() if k in ("role", "content", "reasoning")}
+        msg = {k: v for k, v in msg.items() if k in KEPT_KEYS}
         reasoning_text = msg.pop("reasoning", None)
         if reasoning_text and msg["role"] == "assistant":
             if reasoning == "template":
                 msg["reasoning_content"] = reasoning_text
             elif reasoning == "think_tags":
-                msg["content"] = f"<think>\n{reasoning_text}\n</think>\n\n{msg['content']}"
+                msg["content"] = f"<think>\n{reasoning_text}\n</think>\n\n{msg.get('content') or ''}"
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [_with_object_arguments(call) for call in msg["tool_calls"]]
+        elif "tool_calls" in msg:
+            del msg["tool_calls"]  # an empty list: the template's plain answer path, as vLLM does
         out.append(msg)
     return out
+
+
+KEPT_KEYS = ("role", "content", "reasoning", "tool_calls", "tool_call_id", "name")
+
+
+def _arguments(value) -> dict | str:
+    """A call's arguments as an object where they are a JSON string of one (else as they are)."""
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        return parsed if isinstance(parsed, dict) else value
+    return value
+
+
+def _with_object_arguments(call: dict) -> dict:
+    """A call as vLLM hands it to the template: its arguments an object, ``{}`` where they are not JSON of
+    one (vLLM 0.32 ``_postprocess_messages``; empty arguments are left as they are)."""
+    function = call.get("function", {})
+    arguments = function.get("arguments")
+    if not arguments:
+        return call
+    arguments = _arguments(arguments)
+    return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
+
+
+TOOLS_INSTRUCTION = ("You may call one or more of these functions; for each call, reply with "
+                     '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>.')
+
+
+def text_rendering(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    """A tools conversation as plain role/content messages, for a template that shows only those
+    (Hermes' text format, as Glaive's own text was): the tools as a JSON list in the system prompt,
+    each call as a ``<tool_call>`` block after the assistant's content, each run of tool results as
+    one user turn of ``<tool_response>`` blocks. Other keys (``reasoning``) are kept; an answer
+    whose calls are already text in its content stays as it is."""
+    out: list[dict] = []
+    if tools:
+        described = f"<tools>\n{json.dumps(tools, ensure_ascii=False)}\n</tools>\n{TOOLS_INSTRUCTION}"
+        system = next((m for m in messages[:1] if m["role"] == "system"), None)
+        out.append({"role": "system", "content": f"{system['content']}\n\n{described}" if system else described})
+        messages = messages[1:] if system else messages
+    for msg in messages:
+        plain = {k: v for k, v in msg.items() if k not in ("tool_calls", "tool_call_id", "name")}
+        if msg["role"] == "tool":
+            response = f"<tool_response>\n{msg.get('content') or ''}\n</tool_response>"
+            if out and out[-1].get("tool_responses"):
+                out[-1]["content"] += "\n" + response
+            else:
+                out.append({"role": "user", "content": response, "tool_responses": True})
+            continue
+        if msg.get("tool_calls"):
+            blocks = [_call_block(call) for call in msg["tool_calls"]]
+            plain["content"] = "\n".join(([msg["content"]] if msg.get("content") else []) + blocks)
+        out.append(plain)
+    return [{k: v for k, v in m.items() if k != "tool_responses"} for m in out]
+
+
+def _call_block(call: dict) -> str:
+    function = call.get("function", call)
+    body = {"name": function["name"], "arguments": _arguments(function.get("arguments", {}))}
+    return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
+
+
+TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_text_tool_calls(content: str | None) -> list[dict]:
+    """The ``{"name", "arguments"}`` calls of an answer's ``<tool_call>`` blocks (:func:`text_rendering`'s
+    format), in order. A block that is not a JSON object with a name is no call: the model wrote it,
+    no parser would read it."""
+    calls = []
+    for block in TOOL_CALL_BLOCK.findall(content or ""):
+        try:
+            call = json.loads(block)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"]:
+            calls.append({"name": call["name"], "arguments": _arguments(call.get("arguments", {}))})
+    return calls
 
 
 class Renderer:
     """The target's chat template with the configured arguments (one place for both)."""
 
-    def __init__(self, tokenizer, template_kwargs: dict | None = None):
+    def __init__(self, tokenizer, template_kwargs: dict | None = None, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
         self.kwargs = template_kwargs or {}
+        self.tools = tools
+
+    def with_tools(self, tools: list[dict] | None) -> Renderer:
+        """The same template rendering a conversation's tools (none: exactly as without tools)."""
+        return Renderer(self.tokenizer, self.kwargs, tools or None)
 
     def text(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        tools = {"tools": self.tools} if self.tools else {}
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **self.kwargs)
+                                                  add_generation_prompt=add_generation_prompt, **self.kwargs, **tools)
 
     def ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -150,6 +258,47 @@ def choose_layout(renderer: Renderer, multi_turn: str, reasoning: str) -> str:
     if multi_turn != "auto":
         return multi_turn
     return "whole" if renderer.is_prefix_stable(prepare_messages(PROBE, reasoning)) else "per_turn"
+
+
+PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "probe_lookup_7q", "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
+PROBE_CALL = [{"role": "user", "content": "Look up a word."},
+              {"role": "assistant", "content": "", "tool_calls": [{
+                  "id": "call_0", "type": "function",
+                  "function": {"name": "probe_lookup_7q", "arguments": '{"word": "zebra-argument-5k"}'}}]},
+              {"role": "tool", "tool_call_id": "call_0", "name": "probe_lookup_7q", "content": "probe-result-9x"},
+              {"role": "assistant", "content": "Done."}]
+
+
+def tool_template_problem(tokenizer, template_kwargs: dict | None, tool_rendering: str) -> str | None:
+    """Why the target's chat template cannot train on conversations with tools, or None. A probe
+    conversation (one tool, one call, one result), kept as :func:`prepare_messages` keeps it, must
+    render the tool's name in the tools section, the call's arguments and the result's text: a
+    template that renders only role and content (SmolLM2's) drops all three and would train the
+    drafter on answers to tools it never saw. ``text`` rendering needs only role and content."""
+    source = getattr(tokenizer, "name_or_path", "") or "the target's tokenizer"
+    renderer = Renderer(tokenizer, template_kwargs)
+    messages = PROBE_CALL
+    if tool_rendering == "text":
+        messages = text_rendering(messages, PROBE_TOOLS)
+    else:
+        renderer = renderer.with_tools(PROBE_TOOLS)
+    try:
+        tools_section = renderer.text(prepare_messages(messages[:1], "template"), True)
+        whole = renderer.text(prepare_messages(messages, "template"), False)
+    except Exception as err:  # a template that raises on a tool role or a call says so here
+        return f"the chat template of {source} cannot render a conversation with tools: {type(err).__name__}: {err}"
+    missing = [what for what, text, found in (("the tools' names", "probe_lookup_7q", tools_section),
+                                              ("the tool calls' arguments", "zebra-argument-5k", whole),
+                                              ("the tool results", "probe-result-9x", whole)) if text not in found]
+    if not missing:
+        return None
+    how = ("tokenize.tool_rendering: text renders them as plain text, which this template drops too" if
+           tool_rendering == "text" else "set tokenize.tool_rendering: text to write the tools, calls and results "
+           "as text the template shows, or use a target whose template renders tools")
+    return (f"the chat template of {source} ignores tools: its rendering of a probe conversation lacks "
+            f"{' and '.join(missing)}; {how}")
 
 
 def _cut_end(text: str, start: int, end: int, generated: dict) -> int:
@@ -184,11 +333,13 @@ def _own_tokens(renderer: Renderer, messages: list[dict], i: int, turn: dict) ->
 
 
 def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layout: str,
-               own_tokens: bool = True) -> list[Row]:
+               own_tokens: bool = True, results: Sequence[tuple[int, str]] = ()) -> list[Row]:
     """Token rows for one conversation (``turns``: the per-assistant-turn facts from generation).
 
     With ``own_tokens`` and the model's token ids in ``turns``, each answer is those ids;
-    otherwise its rendered text, tokenized."""
+    otherwise its rendered text, tokenized. ``results``: the tool results' texts, in order, each
+    after the number of assistant turns before it; a row counts their supervised tokens (a template
+    that moved one into an answer would show there)."""
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     groups = [assistant] if layout == "whole" else [[i] for i in assistant]
     rows = []
@@ -206,17 +357,34 @@ def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layo
             spans[k] = (start, end)
         produced = own_tokens and all(k < len(turns) and turns[k].get("token_ids") is not None for k in spans)
         rows.append(_own_row(renderer, messages, turns, text, spans, assistant) if produced
-                    else _rendered_row(renderer, text, spans))
+                    else _rendered_row(renderer, text, spans,
+                                       [r for n, r in results if n <= assistant.index(group[-1])]))
     return rows
 
 
-def _rendered_row(renderer: Renderer, text: str, spans: dict[int, tuple[int, int]]) -> Row:
-    """The rendered text tokenized whole; the answers' characters supervised."""
+def _rendered_row(renderer: Renderer, text: str, spans: dict[int, tuple[int, int]],
+                  results: Sequence[str] = ()) -> Row:
+    """The rendered text tokenized whole; the answers' characters supervised. (A row of the model's own
+    ids supervises only those: a tool result's tokens there are always between the answers.)"""
     enc = renderer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), [a for a, _ in enc["offset_mapping"]]
     owner = [next((k for k, (s, e) in spans.items() if s <= a < e), None) for a in offsets]
+    in_result = _result_spans(text, results)
+    leaked = sum(1 for a, k in zip(offsets, owner, strict=True)
+                 if k is not None and any(s <= a < e for s, e in in_result))
     return Row(ids, [int(k is not None) for k in owner],
-               {k: [t for t, o in zip(ids, owner, strict=True) if o == k] for k in spans})
+               {k: [t for t, o in zip(ids, owner, strict=True) if o == k] for k in spans}, leaked)
+
+
+def _result_spans(text: str, results: Sequence[str]) -> list[tuple[int, int]]:
+    """Character spans of the tool results in a rendering, found in order (those the row holds)."""
+    spans, position = [], 0
+    for result in results:
+        found = text.find(result, position) if result.strip() else -1
+        if found >= 0:
+            spans.append((found, found + len(result)))
+            position = found + len(result)
+    return spans
 
 
 def _own_row(renderer: Renderer, messages: list[dict], turns: list[dict], text: str,
@@ -269,7 +437,11 @@ def check_turns(renderer: Renderer, messages: list[dict], turns: list[dict], row
         theirs = _spelled(returned)
         first = next((j for j, (x, y) in enumerate(zip(ours, theirs, strict=False)) if x != y),
                      min(len(ours), len(theirs)))
-        checks.note("answer", ours == theirs, record_id, k,
+        ok = ours == theirs
+        if messages[i].get("tool_calls"):  # the parser took the calls out of the text: their markup follows it
+            ok = ours.startswith(theirs) and all(
+                _spelled(call["function"]["name"]) in ours[len(theirs):] for call in messages[i]["tool_calls"])
+        checks.note("answer", ok, record_id, k,
                     f"the model's token ids spell {ours[first:first + 40]!r} at character {first} (whitespace "
                     f"aside), the server returned {theirs[first:first + 40]!r}")
 
@@ -282,34 +454,93 @@ class TokenizeSettings:
     max_prompt_mismatch_fraction: float = 0.01
     max_answer_mismatch_fraction: float = 0.05
     max_repetition: float | None = None  # drop rows whose answers loop more (draftsmith.data.repetition)
+    tool_rendering: str = "template"  # conversations with tools: the template's own rendering, or text
 
     @classmethod
     def from_config(cls, cfg: dict) -> TokenizeSettings:
         return cls(**{k: v for k, v in cfg.items() if k in cls.__dataclass_fields__})
 
 
-# Settings added after projects were tokenized, which enter the tokenize job's params only when set: a new key
-# there would tokenize every finished project again, and retrain its drafter, for a setting it does not use.
-ADDED_WHEN_SET = ("max_repetition",)
+# Settings added after projects were tokenized, with their defaults: they enter the tokenize job's params only
+# when set otherwise, as a new key there would tokenize every finished project again, and retrain its drafter,
+# for a setting it does not use.
+ADDED_DEFAULTS = {"max_repetition": None, "tool_rendering": "template"}
 
 
 def tokenize_params(settings: dict) -> dict:
     """The tokenize job's params from the config's ``tokenize`` section (results-relevant keys)."""
-    return {k: v for k, v in settings.items() if not (k in ADDED_WHEN_SET and v is None)}
+    return {k: v for k, v in settings.items() if not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
+
+
+@dataclass
+class ToolStats:
+    """A dataset's tool figures. ``rows_with_tools``: conversations with tools that kept a row;
+    ``tool_calls``: the model's calls in kept rows; ``tool_call_tokens``: supervised tokens of the
+    assistant turns that made calls, whole turns (the calls' markup and any text beside it, so an
+    upper bound of the tokens inside the calls); ``tool_result_tokens_supervised``: supervised tokens
+    inside a tool result's text, 0 unless a template moved one into an answer."""
+
+    rows_with_tools: int = 0
+    tool_calls: int = 0
+    tool_call_tokens: int = 0
+    tool_result_tokens_supervised: int = 0
+
+    def add(self, row: Row, calls: dict[int, int]) -> None:
+        for k, tokens in row.turn_tokens.items():
+            if calls.get(k):
+                self.tool_calls += calls[k]
+                self.tool_call_tokens += len(tokens)
+        self.tool_result_tokens_supervised += row.result_tokens_supervised
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def has_tools(record: dict) -> bool:
+    """Whether a generated conversation has tools, calls or results (what the template must render)."""
+    return bool(record.get("tools")) or any(m.get("tool_calls") or m.get("role") == "tool"
+                                            for m in record["messages"])
+
+
+def _call_counts(record: dict, tool_rendering: str) -> dict[int, int]:
+    """The model's tool calls per assistant turn (0-based); in text rendering, its ``<tool_call>`` blocks."""
+    answers = [m for m in record["messages"] if m["role"] == "assistant"]
+    counts = {k: len(m.get("tool_calls") or []) for k, m in enumerate(answers)}
+    if tool_rendering == "text":
+        counts = {k: n or len(parse_text_tool_calls(answers[k].get("content"))) for k, n in counts.items()}
+    return {k: n for k, n in counts.items() if n}
+
+
+def _loop_tokens(ids: list[int], mask: list[int], row: Row, calls: dict[int, int]) -> list[int]:
+    """The tokens whose repetition says an answer loops: the supervised ones, less the turns that made
+    tool calls (an agent repeats its call JSON on purpose; such a row is measured on its text turns)."""
+    if not any(k in calls for k in row.turn_tokens):
+        return answer_tokens(ids, mask)
+    return [t for k, tokens in sorted(row.turn_tokens.items()) if k not in calls for t in tokens]
 
 
 def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, dataset: str,
                   settings: TokenizeSettings, template_kwargs: dict | None = None) -> dict:
-    """Tokenize a responses file into a parquet table; unusable records go to ``rejects_out``."""
+    """Tokenize a responses file into a parquet table; unusable records go to ``rejects_out``. The
+    first conversation with tools checks that the template renders them (:func:`tool_template_problem`):
+    a template that does not fails the dataset with :class:`ToolTemplateError` before any row is kept."""
     renderer = Renderer(tokenizer, template_kwargs)
     layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
     rows, rejects, checks, shares, looping = [], [], Checks(), [], 0
+    tools, tools_checked = ToolStats(), False
     for number, rec in jsonl.read(responses):
+        with_tools = has_tools(rec)
+        if with_tools and not tools_checked:
+            problem = tool_template_problem(tokenizer, template_kwargs, settings.tool_rendering)
+            if problem:
+                raise ToolTemplateError(f"{responses}: dataset {dataset!r} has tools, and {problem}")
+            tools_checked = True
         try:
             built = _record_rows(renderer, rec, layout, settings, checks)
         except TemplateError as err:
             rejects.append({"file": str(responses), "row": number, "id": rec["id"], "reason": str(err)})
             continue
+        calls, kept = _call_counts(rec, settings.tool_rendering), 0
         for row in built:
             row_id = rec["id"] if layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
             ids, mask = row.input_ids[: settings.max_length], row.loss_mask[: settings.max_length]
@@ -317,7 +548,7 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
                 rejects.append({"file": str(responses), "row": number, "id": row_id,
                                 "reason": f"no assistant token within max_length={settings.max_length}"})
                 continue
-            share = repeated_share(answer_tokens(ids, mask))
+            share = repeated_share(_loop_tokens(ids, mask, row, calls))
             shares.append(share)
             if settings.max_repetition is not None and share > settings.max_repetition:
                 looping += 1
@@ -329,6 +560,9 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
             rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
                          "loss_mask": mask, "seq_len": len(ids),
                          "truncated_to_max_length": len(row.input_ids) > settings.max_length})
+            tools.add(row, calls)
+            kept += 1
+        tools.rows_with_tools += bool(with_tools and kept)
     _enforce(checks, settings, str(responses))
     if rejects:
         log.warning("%s: %d rows rejected (see %s)", responses, len(rejects), rejects_out)
@@ -340,15 +574,26 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
     return {"layout": layout, "rows": len(rows), "rejected": len(rejects),
             "tokens": sum(r["seq_len"] for r in rows), "assistant_tokens": sum(sum(r["loss_mask"]) for r in rows),
             "round_trip": checks.as_dict(), "repetition": {**summary(shares), "dropped": looping,
-                                                           "limit": settings.max_repetition}}
+                                                           "limit": settings.max_repetition},
+            "tools": tools.as_dict()}
 
 
 def _record_rows(renderer: Renderer, record: dict, layout: str, settings: TokenizeSettings,
                  checks: Checks) -> list[Row]:
-    """One generated record's rows, its turns checked into ``checks``."""
-    messages = prepare_messages(record["messages"], settings.reasoning)
+    """One generated record's rows, its turns checked into ``checks``. Its tools are rendered by the
+    template, or (``tool_rendering: text``) written into the messages as generation sent them."""
+    messages, tools = record["messages"], record.get("tools")
+    if settings.tool_rendering == "text" and has_tools(record):
+        messages, tools = text_rendering(messages, tools), None
+    messages = prepare_messages(messages, settings.reasoning)
+    renderer = renderer.with_tools(tools)
     turns = record.get("turns", [])
-    rows = build_rows(renderer, messages, turns, layout, own_tokens=settings.reasoning != "drop")
+    results, answered = [], 0
+    for m in record["messages"]:
+        answered += m["role"] == "assistant"
+        if m["role"] == "tool":
+            results.append((answered, m.get("content") or ""))
+    rows = build_rows(renderer, messages, turns, layout, own_tokens=settings.reasoning != "drop", results=results)
     check_turns(renderer, messages, turns, rows, checks, record["id"])
     return rows
 
@@ -361,6 +606,10 @@ def early_check(tokenizer, records: list[dict], settings: TokenizeSettings, temp
     renderer = Renderer(tokenizer, template_kwargs)
     layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
     checks = Checks()
+    problem = any(has_tools(r) for r in records) and tool_template_problem(tokenizer, template_kwargs,
+                                                                             settings.tool_rendering)
+    if problem:
+        return f"{where}: {problem}"
     try:
         for record in records:
             _record_rows(renderer, record, layout, settings, checks)

@@ -7,13 +7,23 @@ needs a machine that is online; the split defaults to ``train``). Row shapes:
 OpenAI ``messages``, ShareGPT ``conversations`` (from/value), ``turns`` (user turns only, as in
 MT-bench), or a plain prompt column. A row that cannot be read is a :class:`Reject` naming the
 file, row number and field, never a silent drop.
+
+Rows with tools: a ``tools`` column (function schemas, as a list or a JSON string; bare
+``{name, description, parameters}`` are wrapped as OpenAI's ``{"type": "function", ...}``), and
+calls with their results: OpenAI assistant ``tool_calls`` (or ``function_call``) answered by
+``tool`` (or ``function``) messages, paired by ``tool_call_id`` or else in order; ShareGPT
+``function_call`` / ``tool_call`` turns (one call or a JSON list of parallel ones) answered by
+``observation`` / ``tool_response`` / ``function`` / ``tool`` turns, in order (one observation may
+hold a JSON list of the results of n parallel calls). The dataset's calls are regenerated like its
+answers; their results are kept as :attr:`Prompt.tool_steps` for generation to pair with the
+model's own calls.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +31,33 @@ from draftsmith.config.target import resolve_package_file
 from draftsmith.core import jsonl
 from draftsmith.core.digest import prompt_digest
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system"}
+CHAT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+# Where a tool call or result stands: OpenAI's messages hold calls in assistant turns, ShareGPT's in turns of their own.
+OPENAI_ROLES = {**CHAT_ROLES, "tool": "result", "function": "result"}
+SHAREGPT_ROLES = {**CHAT_ROLES, "function_call": "call", "tool_call": "call", "observation": "result",
+                  "tool_response": "result", "function": "result", "tool": "result"}
 
 
 @dataclass(frozen=True)
 class Prompt:
+    """A prompt as generation sends it.
+
+    ``tools``: OpenAI function schemas (``{"type": "function", "function": {...}}``), sent with every
+    request of the row. ``tool_steps``: the dataset's tool results, one list per user turn (the stretch
+    up to the next user turn); each stretch is a list of steps, a step being the results of one
+    assistant turn's calls in order (``{"name": function name, "content": result text}``; more than
+    one where the dataset made parallel calls). Generation pairs the model's calls with them.
+    """
+
     id: str
     turns: list[str]
     system: str | None = None
+    tools: list[dict] | None = None
+    tool_steps: list[list[list[dict]]] | None = None
+
+    @property
+    def digest(self) -> str:
+        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps)
 
 
 @dataclass(frozen=True)
@@ -53,8 +81,8 @@ class PromptSet:
 
 
 def resolve_source(source: str, base_dir: Path) -> Path:
-    if source.startswith("hf:"):
-        return Path(source)  # kept verbatim; iter_rows hands it to datasets.load_dataset
+    if source.startswith(("hf:", "bfcl:")):
+        return Path(source)  # kept verbatim; iter_rows hands it to datasets.load_dataset or bfcl.rows
     if source.startswith("package:"):
         return resolve_package_file(source)
     path = Path(source)
@@ -66,6 +94,10 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Any]]:
     name = path.name
     if str(path).startswith("hf:"):
         yield from enumerate(_load_hf(str(path).removeprefix("hf:")), start=1)
+    elif str(path).startswith("bfcl:"):
+        from draftsmith.data import bfcl
+
+        yield from enumerate(bfcl.rows(str(path).removeprefix("bfcl:")), start=1)
     elif name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -122,53 +154,238 @@ def _hub_snapshot(dataset_id: str) -> str | None:
         return None
 
 
-def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int) -> tuple[list[str], str | None]:
-    """Return ``(user turns, system prompt)``; raise ``_BadField`` naming what is wrong."""
+def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int) -> Prompt:
+    """The row as a :class:`Prompt` without its id; raise ``_BadField`` naming what is wrong."""
     if not isinstance(row, dict):
         raise _BadField("<row>", f"expected an object, got {type(row).__name__}")
     if fmt == "auto":
         fmt = next((f for f in ("messages", "conversations", "turns") if f in row), "prompt")
-    system = None
-    if fmt == "prompt":
-        turns = [_text(row, prompt_field)]
-    elif fmt == "turns":
-        value = row.get("turns")
-        if not isinstance(value, list) or not value:
-            raise _BadField("turns", "expected a non-empty list of strings")
-        turns = [_text({"turns": t}, "turns") for t in value]
+    if fmt in ("prompt", "turns"):
+        if fmt == "prompt":
+            turns = [_text(row, prompt_field)]
+        else:
+            value = row.get("turns")
+            if not isinstance(value, list) or not value:
+                raise _BadField("turns", "expected a non-empty list of strings")
+            turns = [_text({"turns": t}, "turns") for t in value]
+        tools = _tools(row.get("tools"))  # user turns only: tools to call, no results of the dataset's
+        parsed = Prompt("", turns, None, tools, [[] for _ in turns] if tools else None)
     elif fmt in ("messages", "conversations"):
-        turns, system = _chat_turns(row, fmt)
+        parsed = _chat_turns(row, fmt)
     else:
         raise ValueError(f"unknown prompt format {fmt!r}")
-    for turn in turns:
+    for turn in parsed.turns:
         if len(turn) > max_prompt_chars:
             raise _BadField(fmt if fmt != "prompt" else prompt_field,
                             f"prompt is {len(turn)} characters, over the limit of {max_prompt_chars}")
-    return turns, system
+    return parsed
 
 
-def _chat_turns(row: dict, fmt: str) -> tuple[list[str], str | None]:
+def _chat_turns(row: dict, fmt: str) -> Prompt:
+    """User turns, system prompt, tools and the dataset's tool results of a chat row. Assistant
+    turns (and their calls) are regenerated by the target, so the dataset's own answers are dropped."""
     messages = row.get(fmt)
     if not isinstance(messages, list) or not messages:
         raise _BadField(fmt, "expected a non-empty list of messages")
     role_key, text_key = ("role", "content") if fmt == "messages" else ("from", "value")
+    roles = OPENAI_ROLES if fmt == "messages" else SHAREGPT_ROLES
+    tools = _tools(row.get("tools"))
     turns: list[str] = []
     system = None
+    steps = _Steps()
     for i, msg in enumerate(messages):
+        where = f"{fmt}[{i}]"
         if not isinstance(msg, dict):
-            raise _BadField(f"{fmt}[{i}]", "expected an object")
-        role = SHAREGPT_ROLES.get(str(msg.get(role_key)))
+            raise _BadField(where, "expected an object")
+        role = roles.get(str(msg.get(role_key)))
         if role is None:
-            raise _BadField(f"{fmt}[{i}].{role_key}", f"unknown role {msg.get(role_key)!r}")
-        text = _text(msg, text_key, where=f"{fmt}[{i}].{text_key}")
+            raise _BadField(f"{where}.{role_key}", f"unknown role {msg.get(role_key)!r}")
         if role == "system":
-            system = text
+            system = _text(msg, text_key, where=f"{where}.{text_key}")
         elif role == "user":
-            turns.append(text)
-        # Assistant turns are regenerated by the target, so the dataset's own answers are dropped.
+            turns.append(_text(msg, text_key, where=f"{where}.{text_key}"))
+            steps.user()
+        elif fmt == "messages" and role == "assistant":
+            calls = _openai_calls(msg, where)
+            if not calls:
+                _text(msg, text_key, where=f"{where}.{text_key}")
+            steps.assistant(calls, where)
+        elif fmt == "messages":
+            steps.result(msg.get("tool_call_id"), _result_text(msg.get(text_key), f"{where}.{text_key}"), where)
+        elif role == "assistant":
+            _text(msg, text_key, where=f"{where}.{text_key}")
+            steps.assistant([], where)
+        elif role == "call":
+            steps.assistant(_sharegpt_calls(msg.get(text_key), f"{where}.{text_key}"), where)
+        else:
+            for content in _sharegpt_results(msg.get(text_key), f"{where}.{text_key}", steps.unanswered()):
+                steps.result(None, content, where)
     if not turns:
         raise _BadField(fmt, "no user message")
-    return turns, system
+    tool_steps = steps.done() if tools is not None or steps.saw_calls else None
+    return Prompt("", turns, system, tools, tool_steps)
+
+
+class _Steps:
+    """The dataset's tool results grouped as :attr:`Prompt.tool_steps`: a stretch per user turn, a
+    step per assistant turn that called tools, its results in the order of its calls."""
+
+    def __init__(self) -> None:
+        self.stretches: list[list[list[dict]]] = []
+        self.calls: list[tuple[str | None, str]] = []  # the open assistant turn's calls: (id, name)
+        self.results: dict[int, dict] = {}  # call index -> result
+        self.saw_calls = False
+
+    def user(self) -> None:
+        self._close()
+        self.stretches.append([])
+
+    def assistant(self, calls: list[tuple[str | None, str]], where: str) -> None:
+        self._close()
+        if calls and not self.stretches:
+            raise _BadField(where, "a tool call before the first user message")
+        self.calls = calls
+        self.saw_calls = self.saw_calls or bool(calls)
+
+    def unanswered(self) -> int:
+        return len(self.calls) - len(self.results)
+
+    def result(self, call_id: Any, content: str, where: str) -> None:
+        """Pair a result with its call: by id where both carry one, else the first call unanswered."""
+        if not self.calls:
+            raise _BadField(where, "a tool result with no call before it")
+        if call_id not in (None, "") and any(cid is not None for cid, _ in self.calls):
+            index = next((j for j, (cid, _) in enumerate(self.calls) if cid == call_id), None)
+            if index is None:
+                raise _BadField(f"{where}.tool_call_id", f"no call with id {call_id!r}")
+            if index in self.results:
+                raise _BadField(f"{where}.tool_call_id", f"call {call_id!r} already has a result")
+        else:
+            index = next((j for j in range(len(self.calls)) if j not in self.results), None)
+            if index is None:
+                raise _BadField(where, f"a tool result beyond the {len(self.calls)} call(s) before it")
+        self.results[index] = {"name": self.calls[index][1], "content": content}
+
+    def _close(self) -> None:
+        if self.results:  # calls the dataset left unanswered (a trajectory's end) carry no result
+            self.stretches[-1].append([self.results[j] for j in sorted(self.results)])
+        self.calls, self.results = [], {}
+
+    def done(self) -> list[list[list[dict]]]:
+        self._close()
+        return self.stretches
+
+
+def _tools(value: Any) -> list[dict] | None:
+    """The ``tools`` column as OpenAI function schemas; None when the row has none."""
+    if value in (None, "", []):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _BadField("tools", "not valid JSON") from None
+        if value in (None, []):
+            return None
+    if not isinstance(value, list):
+        raise _BadField("tools", f"expected a list of function schemas, got {type(value).__name__}")
+    tools = []
+    for j, tool in enumerate(value):
+        bare = isinstance(tool, dict) and "function" not in tool and "name" in tool
+        schema = tool if bare else tool.get("function") if isinstance(tool, dict) else None
+        where = f"tools[{j}]" if bare else f"tools[{j}].function"
+        if not isinstance(schema, dict):
+            raise _BadField(where, "expected a function schema (an object with a name)")
+        _name(schema.get("name"), f"{where}.name")
+        tools.append({"type": "function", "function": schema} if bare else tool)
+    return tools
+
+
+def _name(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _BadField(where, "missing" if value is None else "expected a function name")
+    return value
+
+
+def _arguments(value: Any, where: str) -> None:
+    """Arguments are an object or a JSON string of one (OpenAI sends the string)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError:
+            raise _BadField(where, "not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _BadField(where, f"expected an object, got {type(value).__name__}")
+
+
+def _openai_calls(msg: dict, where: str) -> list[tuple[str | None, str]]:
+    """An assistant message's calls as ``(id, name)``: ``tool_calls``, or the older ``function_call``."""
+    if msg.get("function_call") is not None and not msg.get("tool_calls"):
+        call = msg["function_call"]
+        if not isinstance(call, dict):
+            raise _BadField(f"{where}.function_call", "expected an object")
+        _arguments(call.get("arguments", {}), f"{where}.function_call.arguments")
+        return [(None, _name(call.get("name"), f"{where}.function_call.name"))]
+    value = msg.get("tool_calls")
+    if value in (None, []):
+        return []
+    if not isinstance(value, list):
+        raise _BadField(f"{where}.tool_calls", f"expected a list, got {type(value).__name__}")
+    calls = []
+    for j, call in enumerate(value):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise _BadField(f"{at}.function", "expected an object with a name and arguments")
+        _arguments(function.get("arguments", {}), f"{at}.function.arguments")
+        call_id = call.get("id")
+        name = _name(function.get("name"), f"{at}.function.name")
+        calls.append((str(call_id) if call_id not in (None, "") else None, name))
+    return calls
+
+
+def _sharegpt_calls(value: Any, where: str) -> list[tuple[str | None, str]]:
+    """A ``function_call`` turn's value: JSON ``{"name", "arguments"}``, or a list of them."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _BadField(where, "function_call is not JSON") from None
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise _BadField(where, "function_call holds no call")
+    calls = []
+    for j, call in enumerate(items):
+        at = where if len(items) == 1 else f"{where}[{j}]"
+        if not isinstance(call, dict):
+            raise _BadField(at, 'expected {"name": ..., "arguments": ...}')
+        _arguments(call.get("arguments", {}), f"{at}.arguments")
+        calls.append((None, _name(call.get("name"), f"{at}.name")))
+    return calls
+
+
+def _sharegpt_results(value: Any, where: str, unanswered: int) -> list[str]:
+    """An observation's results: one, or the n results of n parallel calls as a JSON list."""
+    text = _result_text(value, where)
+    if unanswered > 1 and text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            items = None
+        if isinstance(items, list) and len(items) == unanswered:
+            return [item if isinstance(item, str) else json.dumps(item, ensure_ascii=False) for item in items]
+    return [text]
+
+
+def _result_text(value: Any, where: str) -> str:
+    """A tool result's text (empty allowed: a tool may answer nothing); an object is kept as JSON."""
+    if value is None:
+        raise _BadField(where, "missing")
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    if not isinstance(value, str):
+        raise _BadField(where, f"expected a string, got {type(value).__name__}")
+    return value
 
 
 def _text(row: dict, key: str, where: str | None = None) -> str:
@@ -207,17 +424,17 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
             result.rejects.append(Reject(str(path), number, "<line>", row.reason))
             continue
         try:
-            turns, system = parse_row(row, fmt, prompt_field, max_prompt_chars)
+            parsed = parse_row(row, fmt, prompt_field, max_prompt_chars)
         except _BadField as bad:
             result.rejects.append(Reject(str(path), number, bad.field_name, bad.reason))
             continue
         raw_id = row.get(id_field)
-        pid = str(raw_id) if raw_id not in (None, "") else prompt_digest(turns, system)  # stable
+        pid = str(raw_id) if raw_id not in (None, "") else parsed.digest  # stable
         if pid in seen:
             result.rejects.append(Reject(str(path), number, id_field, f"duplicate id {pid!r}"))
             continue
         seen.add(pid)
-        result.prompts.append(Prompt(pid, turns, system))
+        result.prompts.append(replace(parsed, id=pid))
     return result
 
 
@@ -233,11 +450,24 @@ def load_configured(cfg: dict, base_dir: Path, apply_max_samples: bool = True) -
 
 
 def write_prompts(prompts: list[Prompt], dest: Path) -> None:
-    """The normalised prompt file the generate rule reads."""
+    """The normalised prompt file the generate rule reads (a key only where the prompt has it, so a
+    row without tools is written as before tools were read)."""
     from draftsmith.core.atomic import write_jsonl
 
-    write_jsonl(dest, ({"id": p.id, "turns": p.turns, **({"system": p.system} if p.system else {})} for p in prompts))
+    write_jsonl(dest, (_prompt_row(p) for p in prompts))
+
+
+def _prompt_row(prompt: Prompt) -> dict:
+    row: dict[str, Any] = {"id": prompt.id, "turns": prompt.turns}
+    if prompt.system:
+        row["system"] = prompt.system
+    if prompt.tools is not None:
+        row["tools"] = prompt.tools
+    if prompt.tool_steps is not None:
+        row["tool_steps"] = prompt.tool_steps
+    return row
 
 
 def read_prompts(path: Path) -> list[Prompt]:
-    return [Prompt(row["id"], row["turns"], row.get("system")) for _, row in jsonl.read(path)]
+    return [Prompt(row["id"], row["turns"], row.get("system"), row.get("tools"), row.get("tool_steps"))
+            for _, row in jsonl.read(path)]

@@ -101,8 +101,12 @@ GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency
 
 def grid_settings(evaluation: dict) -> dict:
     """The evaluation settings every measurement depends on: the target alone's (``rule evaluate_baseline``)
-    and a schedule's (``rule evaluate_schedule``, whose ranges come from the pick)."""
-    return {key: evaluation[key] for key in GRID_KEYS}
+    and a schedule's (``rule evaluate_schedule``, whose ranges come from the pick). A set's ``workload`` is
+    a label that no measurement depends on: left out, so that labelling a set remeasures nothing."""
+    settings = {key: evaluation[key] for key in GRID_KEYS}
+    settings["prompt_sets"] = {name: {k: v for k, v in entry.items() if k != "workload"}
+                               for name, entry in evaluation["prompt_sets"].items()}
+    return settings
 
 
 def measurement_settings(method: str, evaluation: dict) -> dict:

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -69,6 +71,7 @@ class ChatResult:
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     verify_steps: int | None = None  # SGLang's target steps for this request (meta_info.spec_verify_ct)
+    tool_calls: list[dict] | None = None  # OpenAI shape, each with an id and its arguments as a JSON string
 
 
 @dataclass
@@ -243,15 +246,24 @@ class ChatClient:
     async def aclose(self) -> None:
         await self.pool.aclose()
 
-    async def chat(self, messages: list[dict], sampling: dict[str, Any]) -> ChatResult:
+    async def chat(self, messages: list[dict], sampling: dict[str, Any], tools: list[dict] | None = None,
+                   text_tool_calls: Callable[[str], list[dict]] | None = None) -> ChatResult:
+        """One answer. With ``tools`` the request carries them and ``tool_choice: auto`` (the model
+        decides; the server's parser fills ``message.tool_calls``). ``text_tool_calls`` reads the calls
+        from the answer's text instead, where the tools were rendered as text and no parser runs."""
         body = {"model": self.model, "messages": messages, **sampling}
+        if tools:
+            body |= {"tools": tools, "tool_choice": "auto"}
         attempt = 0
         last: Endpoint | None = None
         while True:
             attempt += 1
             endpoint = await self.pool.acquire(avoid=last)
             try:
-                return self._parse(await self._post(endpoint, body), attempt)
+                result = self._parse(await self._post(endpoint, body), attempt)
+                if text_tool_calls is not None:
+                    result.tool_calls = _tool_calls(text_tool_calls(result.content))
+                return result
             except _Retryable as err:
                 last = endpoint
                 if attempt >= self.retry.max_attempts:
@@ -300,8 +312,9 @@ class ChatClient:
         reasoning = reasoning if isinstance(reasoning, str) else None
         content = message.get("content")
         finish_reason = choice.get("finish_reason")
-        if content is None and (reasoning or finish_reason == "length"):
-            content = ""  # a reasoning model cut by max_tokens while thinking: an answer, not an error
+        tool_calls = _tool_calls(message.get("tool_calls"))
+        if content is None and (reasoning or tool_calls or finish_reason == "length"):
+            content = ""  # cut while thinking, or only calls: an answer, not an error
         if not isinstance(content, str):
             raise _Retryable("malformed_response", "choices[0].message.content is not a string")
         usage = payload.get("usage") or {}
@@ -311,7 +324,32 @@ class ChatClient:
                           attempts=attempt, cost=usage.get("cost"),
                           token_ids=_int_list(choice.get("token_ids")),
                           prompt_token_ids=_int_list(payload.get("prompt_token_ids")),
-                          verify_steps=_verify_steps(choice))
+                          verify_steps=_verify_steps(choice), tool_calls=tool_calls)
+
+
+def _tool_calls(value: Any) -> list[dict] | None:
+    """``message.tool_calls`` in OpenAI's shape, or None when the answer made none. A call without a
+    function name is a malformed answer (retried like one)."""
+    if not value:
+        return None
+    if not isinstance(value, list):
+        raise _Retryable("malformed_response", "choices[0].message.tool_calls is not a list")
+    return [normalize_call(call, i) for i, call in enumerate(value)]
+
+
+def normalize_call(call: Any, index: int) -> dict:
+    """A tool call as draftsmith records it: ``{"id", "type": "function", "function": {"name", "arguments"}}``
+    with the arguments as a JSON string. Takes OpenAI's shape or Hermes' flat ``{"name", "arguments"}``
+    (text tool calls); an id the server did not give is ``call_<index>``."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise _Retryable("malformed_response", f"tool call {index} has no function name: {_short(str(call))}")
+    arguments = function.get("arguments", {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{index}"
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _verify_steps(choice: dict) -> int | None:

@@ -2,11 +2,13 @@
 
 Semantics (documented in docs/stages.md):
 - **Resume by content.** Each finished record is appended to a journal (flushed and fsynced every
-  ``fsync_every`` records) with its prompt id and a digest of the prompt's messages. A rerun
-  skips a prompt whose id *and* digest are journaled, so an edited prompt is answered again and
-  nothing else is. The journal's name carries a digest of what changes an answer (target name,
-  sampling, chat-template arguments): never a path, so moving the project keeps every journal.
-  A line cut by a kill is detected and dropped.
+  ``fsync_every`` records) with its prompt id and a digest of the prompt (:attr:`Prompt.digest`: its
+  turns, and its tools and tool results where it has them). A rerun skips a prompt whose id *and*
+  digest are journaled, so an edited prompt is answered again and nothing else is. A conversation is
+  journaled whole once finished: one a kill cut short is asked again from its first turn, a
+  journaled one never. The journal's name carries a digest of what changes an answer (target name,
+  sampling, chat-template arguments, how tool calls travel): never a path, so moving the project
+  keeps every journal. A line cut by a kill is detected and dropped.
 - **Token budget.** Prompts are launched in file order while ``completion tokens journaled +
   expected tokens of requests in flight < token_budget``, the expectation per request being the
   running mean of finished records (``max_tokens`` before the first finishes). When the
@@ -17,6 +19,17 @@ Semantics (documented in docs/stages.md):
   ``"truncated": true``, ``drop`` journals them as dropped (not retried on resume) and counts
   them. A reasoning model cut while thinking (``content: null``) is a truncated answer. A turn
   cut by ``max_tokens`` ends a multi-turn conversation: later turns would build on a cut answer.
+- **Tool calls.** A row with tools sends them on every request (``tool_choice: auto``). The model's
+  calls are paired in order with the dataset's next step of results within the stretch up to the
+  next user turn, and each paired call gets its result as a ``tool`` message before the model is
+  asked again. A call that cannot be paired cuts the conversation there, keeping the turn that
+  made it (its tokens are the model's own): ``other_function`` (a name the step does not have in
+  that place), ``more_calls_than_results`` (no step left), ``parallel_calls`` (more calls in one
+  turn than the step has results; fewer are paired with the first). A stretch the model ends with
+  steps unused is a natural end (``fewer_calls``), counted apart, and the next user turn follows.
+  With ``tool_rendering: text`` the tools and results travel as text (no parser on the server) and
+  the calls are read from the answer's ``<tool_call>`` blocks. A hosted API returns no token ids:
+  there the tool-call tokens are the chat template's rendering (``tool_call_tokens: template``).
 - **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
   checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
   stops the run, journal kept, with the likely cause and the setting that fixes it.
@@ -46,9 +59,17 @@ from tqdm import tqdm
 
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
-from draftsmith.core.digest import ids_digest, json_digest, prompt_digest
+from draftsmith.core.digest import ids_digest, json_digest
+from draftsmith.data.chat import parse_text_tool_calls, text_rendering
 from draftsmith.data.datasets import Prompt
-from draftsmith.generation.client import ChatClient, EndpointsDown, HealthPolicy, RequestFailed, RetryPolicy
+from draftsmith.generation.client import (
+    ChatClient,
+    ChatResult,
+    EndpointsDown,
+    HealthPolicy,
+    RequestFailed,
+    RetryPolicy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +100,8 @@ class GenerationSettings:
     fsync_every: int = 16
     max_error_fraction: float = 0.01
     return_token_ids: bool = False
+    tool_rendering: str = "template"  # tokenize.tool_rendering, for a dataset with tools (see tool_options)
+    tool_call_parser: str | None = None  # target.tool_call_parser, where a managed server parses the calls
 
     @classmethod
     def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
@@ -97,11 +120,38 @@ class GenerationSettings:
     def request_body(self) -> dict[str, Any]:
         return {**self.answer_affecting(), **({"return_token_ids": True} if self.return_token_ids else {})}
 
+    def tool_affecting(self) -> dict[str, Any]:
+        """How tool calls travel: empty for the defaults, so journals without tools keep their names."""
+        return {k: v for k, v in {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser}
+                .items() if v != self.__dataclass_fields__[k].default}
+
+
+TOOL_RENDERINGS = ("template", "text")
+
+
+def tool_options(prompts: list[Prompt], parser: str | None, rendering: str, managed_engine: str | None,
+                 where: str) -> dict[str, Any]:
+    """The :class:`GenerationSettings` tool fields of a dataset: none without tools. A managed server
+    reads the model's calls only with the target's parser, so one is required there unless the tools
+    travel as text; endpoints run elsewhere (``managed_engine`` None) bring their own parsing."""
+    if not any(p.tools for p in prompts):
+        return {}
+    if rendering not in TOOL_RENDERINGS:
+        raise ValueError(f"tokenize.tool_rendering: {rendering!r} is not one of {', '.join(TOOL_RENDERINGS)}")
+    if rendering == "text" or managed_engine is None:
+        return {"tool_rendering": rendering}
+    if not parser:
+        raise ValueError(f"{where}: its rows have tools, and the managed {managed_engine} server returns the model's "
+                         "tool calls only through a parser: set target.tool_call_parser (e.g. hermes for Qwen3), "
+                         "or tokenize.tool_rendering: text to send the tools as text")
+    return {"tool_rendering": rendering, "tool_call_parser": parser}
+
 
 def settings_key(model_name: str, settings: GenerationSettings) -> str:
     """Names the journal: everything that changes an answer, nothing about where files live."""
-    return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy],
-                       KEY_LENGTH)
+    tools = settings.tool_affecting()
+    return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy,
+                        *([tools] if tools else [])], KEY_LENGTH)
 
 
 JOURNAL_DIR = Path("results/responses/.journal")
@@ -263,7 +313,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
 
 def _journaled(done: dict[str, dict], prompt: Prompt) -> bool:
     record = done.get(prompt.id)
-    return record is not None and record["prompt_hash"] == prompt_digest(prompt.turns, prompt.system)
+    return record is not None and record["prompt_hash"] == prompt.digest
 
 
 def _resume(prompts: list[Prompt], journal: Journal) -> _Run:
@@ -358,55 +408,133 @@ async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, 
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass
+class _Conversation:
+    """One prompt's regeneration so far: the messages, per assistant turn facts, how its tool calls went."""
+
+    messages: list[dict]
+    turns: list[dict] = field(default_factory=list)
+    tool_calls: int = 0
+    cut: str | None = None
+    fewer_calls: bool = False
+
+
+async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run) -> _Conversation:
+    """Answer a prompt turn by turn on the model's own history; within each user turn's stretch, answer
+    the model's tool calls with the dataset's results until it stops calling or a call cannot be paired.
+    Each stretch loops at most once per dataset step, plus the answer that ends it."""
+    conv = _Conversation([{"role": "system", "content": prompt.system}] if prompt.system else [])
+    stretches = prompt.tool_steps or []
+    for index, turn in enumerate(prompt.turns):
+        conv.messages.append({"role": "user", "content": turn})
+        steps = list(stretches[index]) if index < len(stretches) else []
+        while True:
+            result = await _ask(conv.messages, prompt, client, settings)
+            run.cost += result.cost or 0.0
+            conv.messages.append(_assistant_message(result, settings.tool_rendering == "text"))
+            conv.turns.append(_turn_record(result))
+            conv.tool_calls += len(result.tool_calls or [])
+            if result.finish_reason == "length":
+                return conv
+            if not result.tool_calls:
+                conv.fewer_calls |= bool(steps)
+                break
+            conv.cut, answers = pair_calls(result.tool_calls, steps)
+            if conv.cut:
+                return conv
+            conv.messages += answers
+    return conv
+
+
+async def _ask(messages: list[dict], prompt: Prompt, client: ChatClient, settings: GenerationSettings) -> ChatResult:
+    """The request for the conversation so far: the tools as the API's field, or rendered as text."""
+    body = settings.request_body()
+    if not prompt.tools:
+        return await client.chat(messages, body)
+    if settings.tool_rendering == "text":
+        return await client.chat(text_rendering(messages, prompt.tools), body,
+                                 text_tool_calls=parse_text_tool_calls)
+    return await client.chat(messages, body, tools=prompt.tools)
+
+
+def _assistant_message(result: ChatResult, as_text: bool) -> dict:
+    """The answer as the history holds it. Rendered as text, the calls stay in the content as the model
+    wrote them (``text_rendering`` of the record is then what was sent), so no ``tool_calls`` key."""
+    answer: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.reasoning:
+        answer["reasoning"] = result.reasoning
+    if result.tool_calls and not as_text:
+        answer["tool_calls"] = result.tool_calls
+    return answer
+
+
+def pair_calls(calls: list[dict], steps: list[list[dict]]) -> tuple[str | None, list[dict]]:
+    """The ``tool`` messages answering one turn's ``calls`` with the stretch's next dataset step (taken
+    from ``steps``), or the reason they cannot be paired and the conversation is cut."""
+    if not steps:
+        return "more_calls_than_results", []
+    step = steps.pop(0)
+    if any(call["function"]["name"] != result["name"] for call, result in zip(calls, step, strict=False)):
+        return "other_function", []
+    if len(calls) > len(step):
+        return "parallel_calls", []
+    return None, [{"role": "tool", "tool_call_id": call["id"], "name": result["name"], "content": result["content"]}
+                  for call, result in zip(calls, step, strict=False)]
+
+
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
                bar: tqdm) -> None:
     run.prompts_this_run += 1
     try:
-        messages: list[dict] = [{"role": "system", "content": prompt.system}] if prompt.system else []
-        turns: list[dict] = []
         begun = time.monotonic()
         try:
-            for turn in prompt.turns:  # multi-turn prompts are answered turn by turn, on the model's own history
-                messages.append({"role": "user", "content": turn})
-                result = await client.chat(messages, settings.request_body())
-                answer: dict[str, Any] = {"role": "assistant", "content": result.content}
-                if result.reasoning:
-                    answer["reasoning"] = result.reasoning
-                messages.append(answer)
-                turns.append(_turn_record(result))
-                run.cost += result.cost or 0.0
-                if result.finish_reason == "length":
-                    break
+            conv = await _converse(prompt, client, settings, run)
         except RequestFailed as failed:
             run.errors.append({"id": prompt.id, "error_class": failed.error_class, "message": failed.message,
                                "attempts": failed.attempts})
             log.warning("%s failed: %s", prompt.id, failed)
             return
-        finish_reasons = [t["finish_reason"] for t in turns]
-        truncated = "length" in finish_reasons
-        status = "dropped_truncated" if truncated and settings.finish_reason_policy == "drop" else "ok"
-        usage = {"prompt_tokens": sum(t["prompt_tokens"] for t in turns),
-                 "completion_tokens": sum(t["completion_tokens"] for t in turns)}
-        record = {"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt_digest(prompt.turns, prompt.system),
-                  "status": status, "messages": messages, "finish_reason": finish_reasons[-1],
-                  "finish_reasons": finish_reasons, "usage": usage, "turns": turns,
-                  "latency_s": round(time.monotonic() - begun, 3)}
-        if settings.finish_reason_policy == "mark":
-            record["truncated"] = truncated
+        record = _record(prompt, conv, settings, round(time.monotonic() - begun, 3))
         journal.append(record)
         run.done[prompt.id] = record
-        if status == "ok":
+        if record["status"] == "ok":
+            tokens = record["usage"]["completion_tokens"]
             if len(run.fresh) < EARLY_CHECK_ANSWERS:
                 run.fresh.append(record)
             run.kept += 1
-            run.completion_tokens += usage["completion_tokens"]
-            run.tokens_this_run += usage["completion_tokens"]
-            bar.update(usage["completion_tokens"] if bar.unit == "tok" else 1)
+            run.completion_tokens += tokens
+            run.tokens_this_run += tokens
+            bar.update(tokens if bar.unit == "tok" else 1)
             elapsed = max(time.monotonic() - run.started, 1e-6)
             bar.set_postfix(rec=run.kept, req_s=f"{run.prompts_this_run / elapsed:.2f}",
                             tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
     finally:
         run.in_flight -= 1
+
+
+def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, latency_s: float) -> dict:
+    """The journal's record of a finished conversation. A row with tools also keeps its tools, its
+    call count, its cut (absent when none) and whether it ended with fewer calls than the dataset."""
+    turns = conv.turns
+    finish_reasons = [t["finish_reason"] for t in turns]
+    truncated = "length" in finish_reasons
+    status = "dropped_truncated" if truncated and settings.finish_reason_policy == "drop" else "ok"
+    usage = {"prompt_tokens": sum(t["prompt_tokens"] for t in turns),
+             "completion_tokens": sum(t["completion_tokens"] for t in turns)}
+    record = {"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt.digest,
+              "status": status, "messages": conv.messages, "finish_reason": finish_reasons[-1],
+              "finish_reasons": finish_reasons, "usage": usage, "turns": turns, "latency_s": latency_s}
+    if settings.finish_reason_policy == "mark":
+        record["truncated"] = truncated
+    if prompt.tools or prompt.tool_steps:
+        # without the server's token ids, the tokenize stage's template renders the calls
+        record |= {"tools": prompt.tools, "tool_calls": conv.tool_calls, "fewer_calls": conv.fewer_calls,
+                   "tool_call_tokens": "model" if all("token_ids" in t for t in turns) else "template"}
+        if settings.tool_rendering != "template":
+            record["tool_rendering"] = settings.tool_rendering
+        if conv.cut:
+            record["cut"] = conv.cut
+    return record
 
 
 def _turn_record(result) -> dict:
@@ -432,6 +560,11 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "dropped_truncated": sum(r["status"] == "dropped_truncated" for r in records),
         "truncated_kept": sum("length" in r["finish_reasons"] for r in ok),
         "reasoning_records": sum(any("reasoning" in m for m in r["messages"]) for r in ok),
+        "rows_with_tools": sum("tool_calls" in r for r in ok),
+        "tool_calls": sum(r.get("tool_calls", 0) for r in ok),
+        "cuts_by_reason": dict(Counter(r["cut"] for r in ok if "cut" in r)),
+        "fewer_calls": sum(bool(r.get("fewer_calls")) for r in ok),
+        "tool_call_token_source": dict(Counter(r["tool_call_tokens"] for r in ok if "tool_call_tokens" in r)),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
         "max_error_fraction": settings.max_error_fraction,

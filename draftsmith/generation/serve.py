@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = validate_config(load_layers(config_files(WORKFLOW_DIR, args.configfile), {}))
     target = resolve(config["target"], WORKFLOW_DIR)
-    spec = generation_spec(target, config["server"], config["generation_server"])
+    # the target's tool-call parser whenever set: the generate jobs sharing this server may send tools
+    spec = generation_spec(target, config["server"], config["generation_server"], config["target"]["tool_call_parser"])
     spec.host = "0.0.0.0"  # reachable from the other nodes
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -81,8 +81,8 @@ def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> 
 
 
 def local_source(source: str, base_dir: Path) -> Path | None:
-    """The local file or folder a prompt source reads, or None for package: and hub sources."""
-    if source.startswith("package:"):
+    """The local file or folder a prompt source reads, or None for package:, bfcl: and hub sources."""
+    if source.startswith(("package:", "bfcl:")):
         return None
     if source.startswith("hf:"):
         spec = source.removeprefix("hf:").partition("@")[0]
@@ -103,6 +103,13 @@ def _files(config: dict, target: Target, base_dir: Path) -> list[str]:
             try:
                 resolve_package_file(source)
             except FileNotFoundError as err:
+                found.append(f"{key}: {err}")
+        elif source.startswith("bfcl:"):
+            from draftsmith.data import bfcl
+
+            try:
+                bfcl.data_dir(source.removeprefix("bfcl:"))
+            except bfcl.BfclError as err:
                 found.append(f"{key}: {err}")
         else:
             path = local_source(source, base_dir)

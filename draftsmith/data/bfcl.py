@@ -1,0 +1,210 @@
+"""Tool-call prompt sets from the ``bfcl-eval`` wheel (Berkeley Function Calling Leaderboard v4), as
+OpenAI ``messages`` + ``tools`` rows: the source form ``bfcl:<category>``.
+
+The wheel is installed without its dependencies (it pins numpy 1.26.4 and tree-sitter): only its data
+files and its pure-Python API classes are used. Its function docs are not JSON schema (``dict``,
+``float``, ``tuple``, ``any``) and their names hold dots, which OpenAI tool names forbid; both are
+mapped here. Multi-turn rows carry no tool results: their ground-truth calls are executed with the
+wheel's own API classes (the file system, trading bot...) so that the conversation holds real results,
+as an agent loop would see them.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import inspect
+import json
+import re
+from collections.abc import Iterator
+from importlib.resources.abc import Traversable
+from typing import Any
+
+SINGLE_TURN = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
+               "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
+MULTI_TURN = ("multi_turn_base", "multi_turn_long_context")  # long_context: the classes load bigger states
+CATEGORIES = SINGLE_TURN + MULTI_TURN
+INSTALL = "envs/setup.sh installs it: uv pip install --no-deps bfcl-eval==2026.3.23"
+
+# BFCL's type names that JSON schema spells otherwise; "any" means no type constraint at all.
+TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+JSON_TYPES = {"object", "number", "array", "string", "integer", "boolean", "null"}
+SCHEMA_KEYS = {"type", "description", "properties", "items", "required", "enum", "default", "format", "maximum",
+               "minimum", "additionalProperties"}  # "optional" and "response" are BFCL's own: dropped
+_NAME_BAD = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+class BfclError(ValueError):
+    """A BFCL source that cannot be read; the message names the source, and the row where one is at fault."""
+
+
+def tool_name(name: str) -> str:
+    """An OpenAI-legal tool name (``^[a-zA-Z0-9_-]{1,64}$``): ``math.factorial`` -> ``math_factorial``."""
+    return _NAME_BAD.sub("_", name)[:64]
+
+
+def to_json_schema(doc: dict) -> dict:
+    """A BFCL function doc as an OpenAI tool: name sanitized, parameter types mapped recursively."""
+    parameters = _schema(doc.get("parameters") or {"type": "dict", "properties": {}}, "parameters")
+    return {"type": "function", "function": {"name": tool_name(doc["name"]),
+                                             "description": doc.get("description", ""), "parameters": parameters}}
+
+
+def _schema(node: dict, where: str) -> dict:
+    """One schema node: its type mapped, its properties, items and additionalProperties recursively."""
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key not in SCHEMA_KEYS:
+            continue
+        if key == "type":
+            mapped = TYPES.get(value, value)
+            if mapped is not None and mapped not in JSON_TYPES:
+                raise BfclError(f"{where}.type: unknown type {value!r}")
+            if mapped is not None:
+                out["type"] = mapped
+        elif key == "properties":
+            out["properties"] = {name: _schema(sub, f"{where}.properties.{name}") for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _schema(value, f"{where}.{key}")
+        else:
+            out[key] = value
+    return out
+
+
+def tools_for(row_id: str, docs: list[dict]) -> tuple[list[dict], dict[str, str]]:
+    """The row's tools and the map from each tool name to BFCL's (so calls map back); two docs whose
+    names sanitize to one tool name would make calls ambiguous: an error naming the row."""
+    tools, names = [], {}
+    for doc in docs:
+        try:
+            tool = to_json_schema(doc)
+        except BfclError as err:
+            raise BfclError(f"{row_id}: function {doc.get('name')!r}: {err}") from None
+        name = tool["function"]["name"]
+        if name in names:
+            raise BfclError(f"{row_id}: function names {names[name]!r} and {doc['name']!r} both become tool "
+                            f"name {name!r}")
+        names[name] = doc["name"]
+        tools.append(tool)
+    return tools, names
+
+
+def rows(category: str) -> Iterator[dict]:
+    """The category's rows: ``{"id", "messages", "tools", "bfcl": {"category", "tool_names", "executed",
+    "note"}}``. ``executed`` is None for a single-turn row, True where a multi-turn row holds its
+    executed ground-truth calls and their results, False where it fell back to its user turns (``note``
+    says why)."""
+    data = data_dir(category)
+    if category in SINGLE_TURN:
+        for row in _jsonl(data / f"BFCL_v4_{category}.json"):
+            tools, names = tools_for(row["id"], row["function"])
+            messages = [msg for turn in row["question"] for msg in turn]
+            yield _row(row["id"], category, messages, tools, names, None, None)
+        return
+    answers = {a["id"]: a["ground_truth"] for a in _jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json")}
+    docs: dict[str, list[dict]] = {}  # class -> its function docs, read once
+    for row in _jsonl(data / f"BFCL_v4_{category}.json"):
+        for cls in row["involved_classes"]:
+            if cls not in docs:
+                docs[cls] = _class_docs(data, cls)
+        tools, names = tools_for(row["id"], [d for cls in row["involved_classes"] for d in docs[cls]])
+        long_context = category == "multi_turn_long_context"
+        try:
+            messages, note = executed_messages(row, answers.get(row["id"]), long_context), None
+        except Exception as err:  # any failure of the wheel's classes (an import, a call): keep the user turns
+            messages = [msg for turn in row["question"] for msg in turn]
+            note = f"ground truth not executed ({type(err).__name__}: {err}); user turns only"
+        yield _row(row["id"], category, messages, tools, names, note is None, note)
+
+
+def _row(row_id: str, category: str, messages: list[dict], tools: list[dict], names: dict[str, str],
+         executed: bool | None, note: str | None) -> dict:
+    return {"id": row_id, "messages": messages, "tools": tools,
+            "bfcl": {"category": category, "tool_names": {k: v for k, v in names.items() if k != v},
+                     "executed": executed, "note": note}}
+
+
+def executed_messages(row: dict, ground_truth: list[list[str]] | None, long_context: bool = False) -> list[dict]:
+    """The conversation with each user turn's ground-truth calls made one per assistant turn (a call
+    can depend on the state the one before it left: ``cd`` then ``mv``), each followed by its result
+    from the wheel's API classes, loaded with the row's ``initial_config``."""
+    if ground_truth is None:
+        raise BfclError("no ground truth in possible_answer")
+    if len(ground_truth) != len(row["question"]):
+        raise BfclError(f"{len(ground_truth)} ground-truth turns for {len(row['question'])} user turns")
+    methods = _instances(row["involved_classes"], row.get("initial_config", {}), long_context)
+    messages: list[dict] = []
+    count = 0
+    for turn, calls in zip(row["question"], ground_truth, strict=True):
+        messages.extend(turn)
+        for text in calls:
+            name, arguments, result = _execute(text, methods)
+            call_id = f"call_{count}"
+            count += 1
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": tool_name(name), "arguments": json.dumps(arguments)}}]})
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+    return messages
+
+
+def _instances(classes: list[str], initial_config: dict, long_context: bool) -> dict[str, Any]:
+    """Public method name -> bound method of the row's fresh class instances (BFCL's own loading:
+    stateless classes take no scenario; a later class's method shadows an earlier one's, as there)."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
+    methods: dict[str, Any] = {}
+    for cls in classes:
+        instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[cls]), cls)()
+        if cls not in STATELESS_CLASSES:
+            instance._load_scenario(copy.deepcopy(initial_config.get(cls, {})), long_context=long_context)
+        methods.update((n, m) for n, m in inspect.getmembers(instance, inspect.ismethod) if not n.startswith("_"))
+    return methods
+
+
+def _execute(text: str, methods: dict[str, Any]) -> tuple[str, dict, str]:
+    """A ground-truth call string (``mv(source='a', destination='b')``) parsed, never ``eval``-ed, and
+    run: its function name, its arguments by parameter name, and the result as BFCL renders it."""
+    call = ast.parse(text.strip(), mode="eval").body
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
+        raise BfclError(f"{text!r} is not a plain function call")
+    method = methods.get(call.func.id)
+    if method is None:
+        raise BfclError(f"{text!r}: no class of the row has {call.func.id!r}")
+    args = [ast.literal_eval(a) for a in call.args]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
+    arguments = dict(inspect.signature(method).bind(*args, **kwargs).arguments)
+    result = method(*args, **kwargs)
+    if isinstance(result, str):
+        return call.func.id, arguments, result
+    try:
+        return call.func.id, arguments, json.dumps(result) if isinstance(result, dict) else str(result)
+    except TypeError:  # a dict holding an object: BFCL falls back to str() too
+        return call.func.id, arguments, str(result)
+
+
+def _class_docs(data: Traversable, cls: str) -> list[dict]:
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
+    return list(_jsonl(data / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls]))
+
+
+def data_dir(category: str) -> Traversable:
+    """The wheel's data folder; a clear error for an unknown category or a missing wheel."""
+    if category not in CATEGORIES:
+        raise BfclError(f"bfcl:{category}: unknown category (known: {', '.join(CATEGORIES)})")
+    try:
+        from importlib.resources import files
+
+        return files("bfcl_eval") / "data"
+    except ModuleNotFoundError:
+        raise BfclError(f"bfcl:{category}: the bfcl-eval package is not installed ({INSTALL})") from None
+
+
+def _jsonl(path: Traversable) -> Iterator[dict]:
+    """BFCL's ``.json`` files are JSON Lines."""
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,342 @@
+"""Regeneration of rows with tools against a server that calls tools as the prompt scripts it
+(tests/sim/tool_server.py): pairing with the dataset's results, cuts, resume, parser flags."""
+
+import asyncio
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from draftsmith.config.target import Target
+from draftsmith.core.digest import json_digest
+from draftsmith.data.chat import TokenizeSettings, tokenize_file
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation import server as server_module
+from draftsmith.generation.client import ChatClient, RetryPolicy
+from draftsmith.generation.generate import (
+    KEY_LENGTH,
+    RECORD_FORMAT,
+    GenerationSettings,
+    Outputs,
+    generate,
+    make_client,
+    settings_key,
+    tool_options,
+)
+from draftsmith.generation.server import ServerSpec, check_tool_call_parser, generation_spec
+from tests.conftest import REPO
+from tests.sim.tool_server import ToolSim
+from tests.tiny_targets import QWEN3_TOKENIZER
+
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"the {name} tool",
+                                           "parameters": {"type": "object", "properties": {}}}}
+         for name in ("a", "b", "c")]
+
+
+@pytest.fixture()
+def sim():
+    with ToolSim() as server:
+        yield server
+
+
+def outputs(tmp_path):
+    return Outputs(tmp_path / "out.jsonl", tmp_path / "stats.json", tmp_path / "errors.jsonl",
+                   tmp_path / "journal" / "j.jsonl")
+
+
+def run(sim, prompts, tmp_path, **settings):
+    settings = GenerationSettings(**{"concurrency": 4, "request_timeout_s": 5.0, "max_error_fraction": 0.0,
+                                     "return_token_ids": True, **settings})
+    client = make_client(sim.base_url, "m", settings, None, None)
+    client.retry = RetryPolicy(max_attempts=2, backoff_base_s=0.01, backoff_max_s=0.02)
+
+    async def go():
+        try:
+            return await generate(prompts, client, settings, outputs(tmp_path), max_samples=None, token_budget=None,
+                                  dataset="d")
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
+def records(tmp_path):
+    return {r["id"]: r for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+
+
+def result(name, content=None):
+    return {"name": name, "content": content or f"result of {name}"}
+
+
+def T(pid, turns, steps, tools=TOOLS):
+    return Prompt(pid, turns, tools=tools, tool_steps=steps)
+
+
+def test_calls_are_paired_in_order_with_the_dataset_results(sim, tmp_path):
+    prompt = T("p", ["weather? calls=a,b"], [[[result("a", "sunny")], [result("b", "warm")]]])
+    stats = run(sim, [prompt], tmp_path)
+    record = records(tmp_path)["p"]
+    roles = [m["role"] for m in record["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    first, answer_a, call_b, answer_b = record["messages"][1:5]
+    assert first["tool_calls"][0]["function"] == {"name": "a", "arguments": '{"step": 0}'} and first["content"] == ""
+    assert answer_a == {"role": "tool", "tool_call_id": first["tool_calls"][0]["id"], "name": "a", "content": "sunny"}
+    assert call_b["tool_calls"][0]["function"]["name"] == "b" and answer_b["content"] == "warm"
+    assert record["messages"][-1] == {"role": "assistant", "content": "answer 2 done"}
+    assert len(record["turns"]) == 3 and all(t["token_ids"] for t in record["turns"])  # the tool-call turns' own ids
+    assert record["tools"] == TOOLS and record["tool_calls"] == 2 and record["fewer_calls"] is False
+    assert "cut" not in record and record["tool_call_tokens"] == "model"
+    assert all(body["tools"] == TOOLS and body["tool_choice"] == "auto" for body in sim.requests)
+    assert len(sim.requests) == 3
+    assert stats["rows_with_tools"] == 1 and stats["tool_calls"] == 2 and stats["cuts_by_reason"] == {}
+    assert stats["fewer_calls"] == 0 and stats["tool_call_token_source"] == {"model": 1}
+
+
+@pytest.mark.parametrize(("script", "steps", "reason"), [
+    ("calls=c", [[result("a")]], "other_function"),
+    ("calls=a,a", [[result("a")]], "more_calls_than_results"),
+    ("calls=a+b", [[result("a")]], "parallel_calls"),
+    ("calls=a+c", [[result("a"), result("b")]], "other_function"),
+])
+def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim, tmp_path, script, steps, reason):
+    later = [[result("a")]]  # the second user turn is never asked
+    stats = run(sim, [T("p", [f"go {script}", "and then? calls=a"], [steps, later])], tmp_path)
+    record = records(tmp_path)["p"]
+    assert record["cut"] == reason and stats["cuts_by_reason"] == {reason: 1}
+    assert record["messages"][-1]["role"] == "assistant" and record["messages"][-1]["tool_calls"]  # kept, unanswered
+    assert [m["role"] for m in record["messages"]].count("user") == 1
+    assert len(record["turns"]) == sum(m["role"] == "assistant" for m in record["messages"])
+
+
+def test_fewer_calls_is_a_natural_end_and_the_next_user_turn_follows(sim, tmp_path):
+    prompt = T("p", ["first calls=a", "second calls=b+c"],
+               [[[result("a")], [result("b")]], [[result("b"), result("c"), result("a")]]])
+    stats = run(sim, [prompt, Prompt("plain", ["hello"])], tmp_path)
+    record = records(tmp_path)["p"]
+    assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant",
+                                                       "user", "assistant", "tool", "tool", "assistant"]
+    assert [m.get("name") for m in record["messages"][6:8]] == ["b", "c"]  # fewer calls than the step: the first
+    assert record["fewer_calls"] is True and "cut" not in record and record["tool_calls"] == 3
+    assert stats["fewer_calls"] == 1 and stats["cuts_by_reason"] == {} and stats["rows_with_tools"] == 1
+
+
+def test_tools_rendered_as_text_travel_in_the_messages_and_calls_are_read_from_the_answer(tmp_path):
+    with ToolSim(text=True) as sim:
+        stats = run(sim, [T("p", ["weather? calls=a,b+c"], [[[result("a", "sunny")], [result("b"), result("x")]]])],
+                    tmp_path, tool_rendering="text")
+    record = records(tmp_path)["p"]
+    assert record["cut"] == "other_function" and record["tool_rendering"] == "text" and record["tool_calls"] == 3
+    first, answer_a, second = record["messages"][1:]
+    assert "tool_calls" not in first and first["content"].startswith('<tool_call>\n{"name": "a"')  # as the model wrote
+    assert answer_a["role"] == "tool" and answer_a["content"] == "sunny" and second["content"].count("<tool_call>") == 2
+    assert all("tools" not in body and "tool_choice" not in body for body in sim.requests)
+    assert "<tools>" in sim.requests[0]["messages"][0]["content"]
+    assert sim.requests[1]["messages"][-1] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
+    assert stats["cuts_by_reason"] == {"other_function": 1}
+
+
+def test_a_length_finish_ends_the_conversation_uncut(sim, tmp_path):
+    run(sim, [T("p", ["calls=a,b length=1", "more"], [[[result("a")], [result("b")]], []])], tmp_path)
+    record = records(tmp_path)["p"]
+    assert record["finish_reasons"] == ["tool_calls", "length"] and "cut" not in record
+    assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_rows_without_tools_keep_their_requests_and_records(sim, tmp_path):
+    run(sim, [Prompt("plain", ["hello calls=a"])], tmp_path)
+    assert all("tools" not in body and "tool_choice" not in body for body in sim.requests)
+    assert set(records(tmp_path)["plain"]) == {"format", "id", "prompt_hash", "status", "messages", "finish_reason",
+                                               "finish_reasons", "usage", "turns", "latency_s"}
+
+
+def test_without_token_ids_the_template_renders_the_calls(sim, tmp_path):
+    stats = run(sim, [T("p", ["calls=a"], [[[result("a")]]])], tmp_path, return_token_ids=False)
+    assert records(tmp_path)["p"]["tool_call_tokens"] == "template"
+    assert stats["tool_call_token_source"] == {"template": 1}
+
+
+def test_a_changed_tool_result_is_regenerated_and_nothing_else(sim, tmp_path):
+    rows = [T(f"p{i}", [f"q{i} calls=a"], [[[result("a", "r")]]]) for i in range(3)]
+    run(sim, rows, tmp_path)
+    assert len(sim.requests) == 6
+    edited = T("p1", ["q1 calls=a"], [[[result("a", "another result")]]])
+    assert edited.digest != rows[1].digest
+    run(sim, [rows[0], edited, rows[2]], tmp_path)
+    assert len(sim.requests) == 8 and {b["messages"][0]["content"] for b in sim.requests[6:]} == {"q1 calls=a"}
+    assert records(tmp_path)["p1"]["messages"][2]["content"] == "another result"
+
+
+def test_a_malformed_tool_call_is_retried_then_counted(tmp_path):
+    class Nameless(ToolSim):
+        def _answer_at(self, script, place, body):
+            answer = super()._answer_at(script, place, body)
+            for call in answer["choices"][0]["message"].get("tool_calls") or []:
+                del call["function"]["name"]
+            return answer
+
+    with Nameless() as sim:
+        settings = {"max_error_fraction": 1.0}
+        stats = run(sim, [T("p", ["calls=a"], [[[result("a")]]])], tmp_path, **settings)
+    assert stats["errors_by_class"] == {"malformed_response": 1} and len(sim.requests) == 2
+
+
+DRIVER = """
+import asyncio, sys
+from pathlib import Path
+from draftsmith.data.chat import TokenizeSettings, tokenize_file
+from draftsmith.data.datasets import Prompt
+from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client
+url, out = sys.argv[1], Path(sys.argv[2])
+tools = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}]
+prompts = [Prompt(f"p{i}", [f"q{i} calls=a,a delay={0.1 * (i % 3):.1f}"], tools=tools,
+                  tool_steps=[[[{"name": "a", "content": "r"}], [{"name": "a", "content": "s"}]]]) for i in range(24)]
+settings = GenerationSettings(concurrency=3, fsync_every=1)
+async def main():
+    client = make_client(url, "m", settings, None, None)
+    try:
+        await generate(prompts, client, settings, Outputs(out / "r.jsonl", out / "s.json", out / "e.jsonl",
+                       out / "j.jsonl"), max_samples=None, token_budget=None, dataset="d")
+    finally:
+        await client.aclose()
+asyncio.run(main())
+"""
+
+
+def test_a_killed_run_resumes_without_asking_a_journaled_conversation_again(sim, tmp_path):
+    def start():
+        return subprocess.Popen([sys.executable, "-c", DRIVER, sim.base_url, str(tmp_path)], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    proc = start()
+    journal = tmp_path / "j.jsonl"
+    deadline = time.monotonic() + 60
+    while not (journal.exists() and journal.read_text().count("\n") >= 4) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    journaled = {json.loads(line)["id"] for line in journal.read_text().splitlines() if line.endswith("}")}
+    assert 4 <= len(journaled) < 24
+    asked_before = len(sim.requests)
+    proc = start()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    ids = [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(ids) == sorted(f"p{i}" for i in range(24))
+    asked_again = {body["messages"][0]["content"].split()[0] for body in sim.requests[asked_before:]}
+    assert not {f"q{pid[1:]}" for pid in journaled} & asked_again
+    assert all(len(r["messages"]) == 6 for r in map(json.loads, (tmp_path / "r.jsonl").read_text().splitlines()))
+
+
+def test_tool_options_ask_for_a_parser_only_where_a_managed_server_parses():
+    rows, plain = [T("p", ["q"], None)], [Prompt("q", ["q"])]
+    assert tool_options(plain, None, "template", "vllm", "d") == {}
+    with pytest.raises(ValueError, match=r"d: its rows have tools.*target.tool_call_parser.*tool_rendering: text"):
+        tool_options(rows, None, "template", "vllm", "d")
+    assert tool_options(rows, "hermes", "template", "sglang", "d") == {"tool_rendering": "template",
+                                                                       "tool_call_parser": "hermes"}
+    assert tool_options(rows, None, "text", "vllm", "d") == {"tool_rendering": "text"}
+    assert tool_options(rows, None, "template", None, "d") == {"tool_rendering": "template"}  # hosted API
+    with pytest.raises(ValueError, match=r"tokenize\.tool_rendering: 'json'"):
+        tool_options(rows, None, "json", None, "d")
+
+
+def test_journal_names_change_with_the_tool_settings_only_where_set():
+    plain = GenerationSettings()
+    assert settings_key("m", plain) == settings_key("m", GenerationSettings(**tool_options([], "x", "text", None, "")))
+    keys = {settings_key("m", s) for s in (plain, GenerationSettings(tool_call_parser="hermes"),
+                                           GenerationSettings(tool_rendering="text"))}
+    assert len(keys) == 3
+    old_formula = json_digest([RECORD_FORMAT, "m", plain.answer_affecting(), plain.finish_reason_policy], KEY_LENGTH)
+    assert settings_key("m", plain) == old_formula  # the name journals had before tools: kept
+
+
+def test_parser_flags_for_each_engine():
+    vllm = ServerSpec("m", tool_call_parser="hermes").command(1)
+    assert vllm[-3:] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    sglang = ServerSpec("m", engine="sglang", tool_call_parser="qwen25").command(1)
+    assert sglang[-2:] == ["--tool-call-parser", "qwen25"] and "--enable-auto-tool-choice" not in sglang
+    assert "--tool-call-parser" not in ServerSpec("m").command(1)
+    own = ServerSpec("m", tool_call_parser="hermes", extra_args=["--tool-call-parser", "mine"]).command(1)
+    assert own.count("--tool-call-parser") == 1 and own[-1] == "mine"
+
+
+def test_an_unknown_parser_is_refused_before_the_server_starts(monkeypatch):
+    monkeypatch.setattr(server_module, "vllm_tool_parsers", lambda: {"hermes", "kimi_k2"})  # vLLM's import: ~15 s
+    server = {"host": "127.0.0.1", "port": 0, "extra_args": [], "env": {}, "startup_timeout_s": 60, "dtype": "float32"}
+    gen = {"engine": "vllm", "extra_args": None, "env": {}}
+    target = Target("m", "m", "hub")
+    with pytest.raises(ValueError, match=r"target.tool_call_parser: 'hermes2' is not one of vLLM's.*: hermes, kimi_k2"):
+        generation_spec(target, server, gen, tool_call_parser="hermes2")
+    assert "hermes" in generation_spec(target, server, gen, tool_call_parser="hermes").command(1)
+    sglang = generation_spec(target, server, {**gen, "engine": "sglang"}, tool_call_parser="anything")
+    assert sglang.tool_call_parser == "anything"  # SGLang's list is its own start's to check
+
+
+def test_vllms_parser_registry_is_where_the_check_reads_it():
+    """Read from the installed vLLM's files (importing it takes ~15 s): a vLLM that moved its registry
+    fails here rather than in a user's generate job."""
+    package = Path(importlib.util.find_spec("vllm").origin).parent / "tool_parsers"
+    assert "class ToolParserManager" in (package / "abstract_tool_parser.py").read_text()
+    registry = (package / "__init__.py").read_text()
+    assert "ToolParserManager" in registry and '"hermes"' in registry and "lazy_parsers" in (
+        package / "abstract_tool_parser.py").read_text()
+
+
+def tokenize_supervised(tokenizer, tmp_path, rendering):
+    """The tokenize stage on what generation wrote: the decoded rows, and their supervised text."""
+    settings = TokenizeSettings(tool_rendering=rendering, max_prompt_mismatch_fraction=1.0,
+                                max_answer_mismatch_fraction=1.0)
+    stats = tokenize_file(tmp_path / "out.jsonl", tokenizer, tmp_path / "t.parquet", tmp_path / "rejects.jsonl", "d",
+                          settings)
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert stats["rows"] == len(rows) >= 1
+    supervised = "".join(tokenizer.decode([t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
+                         for r in rows)
+    return "".join(tokenizer.decode(r["input_ids"]) for r in rows), supervised
+
+
+CONTRACT = T("p", ["weather? calls=a", "and now? calls=b"], [[[result("a", "sunny-result")]],
+                                                            [[result("c", "other-result")]]])
+
+
+def test_a_text_rendered_record_tokenizes_with_its_calls_supervised_and_never_a_result(tokenizer, tmp_path):
+    """The record generation writes is what the tokenize stage renders: the model's calls, as it wrote
+    them, are supervised (the unpaired one that cut the conversation too); the dataset's results are not."""
+    with ToolSim(text=True) as sim:
+        run(sim, [CONTRACT], tmp_path, tool_rendering="text", return_token_ids=False)
+    text, supervised = tokenize_supervised(tokenizer, tmp_path, "text")
+    assert supervised.count('<tool_call>\n{"name": "a"') == 1 and supervised.count('{"name": "b"') == 1
+    assert "sunny-result" not in supervised and "sunny-result" in text
+
+
+def test_a_template_rendered_record_tokenizes_with_qwen3s_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    if not (QWEN3_TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"{QWEN3_TOKENIZER} is missing: run envs/test-assets.sh")
+    with ToolSim() as sim:
+        run(sim, [CONTRACT], tmp_path, return_token_ids=False)
+    text, supervised = tokenize_supervised(AutoTokenizer.from_pretrained(QWEN3_TOKENIZER), tmp_path, "template")
+    assert supervised.count('"name": "a"') == 1 and supervised.count('"name": "b"') == 1
+    assert "sunny-result" not in supervised and "sunny-result" in text and '"name": "a"' in text.split("# Tools")[1]
+
+
+def test_tool_calls_are_read_in_openai_shape_whatever_the_server_sends():
+    payload = {"choices": [{"finish_reason": "tool_calls", "message": {"content": None, "tool_calls": [
+        {"id": "x1", "type": "function", "function": {"name": "a", "arguments": '{"k": 1}'}},
+        {"function": {"name": "b", "arguments": {"k": "é"}}}]}}], "usage": {"completion_tokens": 3}}
+    result = ChatClient._parse(payload, 1)
+    assert result.content == "" and result.tool_calls == [
+        {"id": "x1", "type": "function", "function": {"name": "a", "arguments": '{"k": 1}'}},
+        {"id": "call_1", "type": "function", "function": {"name": "b", "arguments": '{"k": "é"}'}}]
+    assert ChatClient._parse({"choices": [{"message": {"content": "hi"}}]}, 1).tool_calls is None
+
+
+def test_a_parser_plugin_of_the_users_own_is_not_checked():
+    check_tool_call_parser("vllm", "mine", ["--tool-parser-plugin=/x/my_parser.py"])  # no vLLM import, no error
