@@ -148,8 +148,17 @@ def prompts_params(wildcards):
 
 
 def generation_params(wildcards):
+    # workload: a label, so that relabelling a dataset regenerates nothing. The tool settings change the
+    # answers of rows with tools: they enter only when set, so a project without them keeps its params.
     entry = RESULT["datasets"][wildcards.generated]
-    return {k: v for k, v in entry.items() if k not in SOURCE_KEYS}
+    params = {
+        k: v for k, v in entry.items() if k not in SOURCE_KEYS and k != "workload"
+    }
+    tools = {
+        "tool_call_parser": RESULT["target"]["tool_call_parser"],
+        "tool_rendering": RESULT["tokenize"]["tool_rendering"],
+    }
+    return params | {k: v for k, v in tools.items() if v not in (None, "template")}
 
 
 def pretokenized_params(wildcards):
@@ -183,6 +192,23 @@ PREFLIGHT = "results/checks/preflight.json"
 ENGINE_CHECK = (
     f"results/checks/engine.{'gpu' if config['server']['gpus'] else 'cpu'}.json"
 )
+# One family's check before its training (engine_check_family): the families configured at the start are
+# checked by the preflight, whose verdicts it reuses; a family added to a finished run is checked there, before
+# its training starts.
+ENGINE_CHECKED = f"{ENGINE_CHECK.removesuffix('.json')}/{{family}}.json"
+
+
+def engine_checked(wildcards):
+    """A family's check as an input of its training: ancient, so that a check written later reruns nothing,
+    and only where the family has not trained without one (a project trained before the check existed keeps its
+    set of inputs: a new input would rerun every family's training there)."""
+    check = ENGINE_CHECKED.format(family=wildcards.family)
+    trained = f"results/train/{wildcards.family}/training.json"
+    return (
+        [ancient(check)] if Path(check).exists() or not Path(trained).exists() else []
+    )
+
+
 WARM_START = config["train"]["from_pretrained"] is not None
 ONLINE = config["hidden_states"]["mode"] == "online"
 PRETRAINED = "results/pretrained"

@@ -42,6 +42,30 @@ rule vocab:
         "../scripts/vocab.py"
 
 
+rule engine_check_family:
+    """One family's engine check, an input of its training (engine_checked): the preflight's verdict where it
+    checked the family before any work, else vLLM started on the target's twin with a random drafter of the
+    family, so a family added to a finished run is checked before it trains. A family the engine cannot serve
+    fails here. No params and a script left as it is: a rerun of this job for a trained family would, through
+    the ancient() edge, keep Snakemake from planning anything downstream in that invocation.
+    """
+    input:
+        preflight=ancient(PREFLIGHT),
+    output:
+        ENGINE_CHECKED,
+    log:
+        "logs/engine_check_family/{family}.log",
+    priority: 101  # before the check the pick reads, which then reuses its verdict
+    threads: config["server"]["threads"]
+    resources:
+        gpu=config["server"]["gpus"],
+        tasks_per_gpu=ONE_TASK_PER_JOB,
+        mem_mb=config["server"]["mem_mb"],
+        runtime=server_runtime(5, servers=1),
+    script:
+        "../scripts/engine_check_family.py"
+
+
 rule train:
     """Train one drafter family with speculators from the shared hidden states and vocabulary
     (checkpoints under results/train_runs/{family}/ resume); pick the epoch with the best simulated τ.
@@ -53,6 +77,7 @@ rule train:
         d2t="results/vocab/d2t.npy",
         t2d="results/vocab/t2d.npy",
         pretrained=family_pretrained_input,
+        engine_check=engine_checked,
     output:
         summary="results/train/{family}/training.json",
     log:

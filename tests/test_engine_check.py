@@ -393,3 +393,74 @@ def test_vllm_gives_a_verdict_on_each_family_for_a_tiny_targets_twin(arch, famil
         else:
             assert verdict["served"] is False and verdict["error"], (family, verdict)
     assert not list((tmp_path / "work" / "twin").glob("*.safetensors"))  # started without weights
+
+
+def test_a_family_added_to_a_trained_project_is_engine_checked_before_it_trains(tmp_path):
+    """The preflight checks the families configured when a run starts; a family added to a finished run trained
+    before any check of it (the check the pick reads waits for nothing). Each family's training now waits for its
+    own check; a family trained before the check existed gets none as a new input (it would rerun its training)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    for name in ("Snakefile", "rules", "scripts", "config", "report"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, tmp_path / name)
+    trained = tmp_path / "results" / "train" / "eagle3" / "training.json"
+    trained.parent.mkdir(parents=True)
+    trained.write_text("{}")
+    dag = subprocess.run([sys.executable, "-m", "snakemake", "-d", str(tmp_path), "--cores", "1", "-n", "--dag", "dot",
+                          "--config", 'train={"families": ["eagle3", "dflash"]}', "--",
+                          "results/train/eagle3/training.json", "results/train/dflash/training.json"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert dag.returncode == 0, dag.stderr[-3000:]
+    found = re.findall(r'^\s*(\d+)\[label = "([^"]+)"', dag.stdout, re.M)
+    labels = {n: label.replace("\\n", " ") for n, label in found}
+    checks = {n: label for n, label in labels.items() if label.startswith("engine_check_family")}
+    assert list(checks.values()) == ["engine_check_family family: dflash"], labels
+    (check,) = checks
+    assert any(labels[b].startswith("train") for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag.stdout, re.M)
+               if a == check), dag.stdout
+
+
+def test_a_family_checked_before_its_training_reuses_the_preflights_verdict_and_keeps_its_own(tmp_path, monkeypatch):
+    """scripts/engine_check_family.py as Snakemake runs it: a family the preflight checked starts no server; an
+    added one does, once, and its verdict joins the preflight's, where the check the pick reads finds it."""
+    import runpy
+    import sys
+    from types import SimpleNamespace
+
+    from tests.conftest import REPO
+
+    monkeypatch.setattr(sys, "stderr", sys.stderr)  # run() points stderr at the job's log
+    asked = []
+    monkeypatch.setattr(ec, "check", lambda target_dir, todo, *a, **k: asked.extend(todo) or {
+        f: {"served": True, "seconds": 41.0, "drafts": 9, "error": None} for f in todo})
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(config_of("qwen3").to_dict()))
+    monkeypatch.chdir(tmp_path)
+    server = {"gpus": 0, "engine_check": True}
+    eagle3 = {"served": True, "seconds": 40.0, "drafts": 15, "error": None, "key": ec.key("eagle3", {}, server)}
+    ec.BEFORE_WORK.parent.mkdir(parents=True)
+    ec.BEFORE_WORK.write_text(json.dumps({"eagle3": eagle3}))
+
+    def checked(family: str) -> dict:
+        out = tmp_path / "results" / "checks" / "engine.cpu" / f"{family}.json"
+        sm = SimpleNamespace(config={"target": {"name": "tiny", "source": str(target)}, "server": server,
+                                     "train": {}},
+                             wildcards=SimpleNamespace(family=family), output=[str(out)],
+                             log=[str(tmp_path / "logs" / f"{family}.log")], threads=1,
+                             resources=SimpleNamespace(gpu=0), scriptdir=str(REPO / "scripts"))
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        runpy.run_path(str(REPO / "scripts" / "engine_check_family.py"), init_globals={"snakemake": sm},
+                       run_name="__main__")
+        return json.loads(out.read_text())
+
+    assert checked("eagle3") == {"eagle3": eagle3} and asked == []
+    assert checked("dflash")["dflash"]["drafts"] == 9 and asked == ["dflash"]
+    kept = json.loads(ec.BEFORE_WORK.read_text())
+    assert kept["eagle3"] == eagle3 and kept["dflash"]["key"] == ec.key("dflash", {}, server)
+    checked("dflash")
+    assert asked == ["dflash"]  # checked once

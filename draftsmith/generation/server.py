@@ -11,6 +11,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,11 +39,80 @@ class StartupTimeout(ServerError):
 
 
 class ServerExited(ServerError):
-    """The server process ended: ``returncode`` is its exit code, negative for the signal that ended it."""
+    """The server process ended: ``returncode`` is its exit code, negative for the signal that ended it;
+    ``log_path``: its log from byte ``log_from`` on (a log is appended to), where :func:`failure_cause` reads
+    whether the machine ended it."""
 
-    def __init__(self, message: str, returncode: int | None):
+    def __init__(self, message: str, returncode: int | None, log_path: Path | None = None, log_from: int = 0):
         super().__init__(message)
         self.returncode = returncode
+        self.log_path = log_path
+        self.log_from = log_from
+
+    def cause(self) -> str | None:
+        """The machine's failure its log shows (:func:`failure_cause`), None if none."""
+        return failure_cause(own_log(self.log_path, self.log_from)) if self.log_path else None
+
+
+# Why a server failed for the machine's reasons and not the served model's, as its log says it (each text as
+# vLLM 0.32, PyTorch, uvicorn and huggingface_hub write it; :func:`failure_cause`).
+MEMORY_HELD = "memory held by other processes"
+CUDA_OOM = "CUDA out of memory"
+PORT_TAKEN = "port already in use"
+HUB_UNREACHABLE = "the Hugging Face hub unreachable"
+ENGINE_KILLED = "the engine process killed"
+CAUSES: tuple[tuple[str, re.Pattern], ...] = (
+    # vllm/v1/worker/utils.py: "Free memory on device cuda:0 (1.2/79.1 GiB) on startup is less than desired GPU
+    # memory utilization (0.9, 71.2 GiB)"; vllm/v1/worker/cpu_worker.py: "Available memory on node 0 (...) on
+    # startup is less than desired CPU memory utilization": a previous server's memory not yet returned
+    (MEMORY_HELD, re.compile(r"on startup is less than desired [GC]PU memory utilization")),
+    # torch.OutOfMemoryError: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity ..."
+    (CUDA_OOM, re.compile(r"CUDA out of memory")),
+    # uvicorn: "[Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use"
+    (PORT_TAKEN, re.compile(r"address already in use", re.IGNORECASE)),
+    # huggingface_hub/file_download.py: "An error happened while trying to locate the file on the Hub and we
+    # cannot find the requested files in the local cache" (its connection errors and outages);
+    # transformers/utils/hub.py: "We couldn't connect to 'https://huggingface.co' to load the files"; the
+    # transport's own errors and a hub's 5xx. A 401/404 (gated, misspelt) is the config's, not matched.
+    (HUB_UNREACHABLE, re.compile(
+        r"error happened while trying to locate the file on the Hub|We couldn't connect to '\S+' to load the files"
+        r"|huggingface\.co.*(ConnectionError|ConnectTimeout|ReadTimeout|Max retries exceeded|Temporary failure in "
+        r"name resolution)|(ConnectionError|ConnectTimeout|ReadTimeout|ConnectError).*huggingface\.co"
+        r"|\b5\d\d Server Error|Server error '5\d\d")),
+    # vllm/v1/engine/utils.py: "Engine core initialization failed. See root cause above. Failed core proc(s):
+    # {'EngineCore_DP0': -9}" and vllm/v1/executor/multiproc_executor.py: "Worker proc VllmWorker-0 died
+    # unexpectedly (exit code: -9)": a negative exit code is the signal that ended it (the OOM killer)
+    (ENGINE_KILLED, re.compile(r"Failed core proc\(s\): \{[^}]*: -\d+|died unexpectedly \(exit code: -\d+\)")),
+)
+# vllm/v1/engine/core_client.py: "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup";
+# vllm/v1/utils.py: "Engine core process EngineCore_DP0 died unexpectedly.": the engine's process ended
+# without a word of its own, as a kill leaves it. One that raised first logged, in vllm/v1/engine/core.py,
+# "EngineCore encountered a fatal error." with its traceback: that is the served model's.
+ENGINE_GONE = re.compile(r"engine core exited unexpectedly|Engine core process \S+ died unexpectedly")
+ENGINE_RAISED = "EngineCore encountered a fatal error"
+CAUSE_LINES = 400  # of a server's log, read for its cause (a traceback runs to dozens of lines)
+
+
+def failure_cause(log_text: str | None) -> str | None:
+    """Which of the machine's failures a server's log shows (:data:`CAUSES`, :data:`ENGINE_GONE`), or None:
+    what it does not show is the served model's, or unknown."""
+    if not log_text:
+        return None
+    for cause, pattern in CAUSES:
+        if pattern.search(log_text):
+            return cause
+    return ENGINE_KILLED if ENGINE_GONE.search(log_text) and ENGINE_RAISED not in log_text else None
+
+
+def own_log(path: Path, start: int, lines: int = CAUSE_LINES) -> str:
+    """The last ``lines`` of what one server wrote to ``path`` from byte ``start`` on (a job's servers append to
+    one log: an earlier start's failure is not this one's); empty where there is none."""
+    try:
+        with path.open("rb") as log_file:
+            log_file.seek(start)
+            return "\n".join(log_file.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 # A shell reports a child killed by SIGKILL or SIGTERM as 128 + the signal.
@@ -114,6 +184,7 @@ class ServerSpec:
     dtype: str | None = None  # the engine's --dtype; None leaves the engine's default
     trust_remote_code: bool = False  # the target's own modeling code (target.trust_remote_code)
     cpu_only: bool = False  # no accelerator on this machine: vLLM-CPU's own flags are added
+    tool_call_parser: str | None = None  # target.tool_call_parser, for a server that answers rows with tools
 
     def _target_args(self) -> list[str]:
         """Flags that follow from the target and the machine, unless the user's engine flags say them."""
@@ -124,6 +195,10 @@ class ServerSpec:
             args += [flag for flag in CPU_ONLY_ARGS if flag not in self.extra_args]
         if self.in_process_worker:
             args += list(IN_PROCESS_WORKER)
+        if self.tool_call_parser and "--tool-call-parser" not in self.extra_args:
+            # vLLM parses calls only with auto tool choice on; SGLang needs the parser alone
+            args += ["--enable-auto-tool-choice"] if self.engine == "vllm" else []
+            args += ["--tool-call-parser", self.tool_call_parser]
         return args
 
     @property
@@ -179,6 +254,11 @@ class RunningServer:
     proc: subprocess.Popen
     log_path: Path
     exited_before_stop: int | None = None  # its exit code when it had ended before draftsmith stopped it
+    log_from: int = 0  # where its own output starts in ``log_path``
+
+    def cause(self) -> str | None:
+        """The machine's failure its log shows once it has ended (:func:`failure_cause`), None if none."""
+        return failure_cause(own_log(self.log_path, self.log_from))
 
     def exit_message(self) -> str | None:
         """None while the server runs; once it has exited, a message saying so with its log's tail."""
@@ -194,6 +274,7 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[RunningServer]:
     port = spec.port or free_port(spec.host)
     cmd = spec.command(port)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_from = log_path.stat().st_size if log_path.is_file() else 0
     log.info("starting server: %s (log: %s)", " ".join(cmd), log_path)
     with log_path.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -202,9 +283,9 @@ def managed_server(spec: ServerSpec, log_path: Path) -> Iterator[RunningServer]:
     running = None
     try:
         root = f"http://{spec.host}:{port}"
-        _wait_healthy(proc, root, spec.startup_timeout_s, log_path)
+        _wait_healthy(proc, root, spec.startup_timeout_s, log_path, log_from)
         log.info("server ready at %s (pid %d)", root, proc.pid)
-        running = RunningServer(root + "/v1", proc, log_path)
+        running = RunningServer(root + "/v1", proc, log_path, log_from=log_from)
         yield running
     finally:
         if running is not None:  # how it ended, before stop() ends it by signal
@@ -224,12 +305,12 @@ def _raise_keyboard_interrupt(signum, frame):
     raise KeyboardInterrupt(f"received signal {signum}")
 
 
-def _wait_healthy(proc: subprocess.Popen, root: str, timeout_s: float, log_path: Path) -> None:
+def _wait_healthy(proc: subprocess.Popen, root: str, timeout_s: float, log_path: Path, log_from: int = 0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerExited(f"server exited with code {proc.returncode} before it was ready; "
-                               f"last lines of {log_path}:\n{tail(log_path)}", proc.returncode)
+                               f"last lines of {log_path}:\n{tail(log_path)}", proc.returncode, log_path, log_from)
         try:
             if httpx.get(root + "/health", timeout=5).status_code == 200:
                 return
@@ -286,11 +367,36 @@ def spec_from_config(target: Target, server_cfg: dict, engine: str = "vllm", mor
                       cpu_only=not compute.has_accelerator(), **{**fields, **overrides})
 
 
-def generation_spec(target: Target, server_cfg: dict, generation_cfg: dict) -> ServerSpec:
-    """The managed server that generates answers: ``server`` adjusted by ``generation_server``."""
+def generation_spec(target: Target, server_cfg: dict, generation_cfg: dict,
+                    tool_call_parser: str | None = None) -> ServerSpec:
+    """The managed server that generates answers: ``server`` adjusted by ``generation_server``, with
+    ``tool_call_parser`` (checked against the engine's own list) where the dataset has tools."""
     overrides: dict = {}
     if generation_cfg["extra_args"] is not None:
         overrides["extra_args"] = list(generation_cfg["extra_args"])
-    spec = spec_from_config(target, server_cfg, engine=generation_cfg["engine"], **overrides)
+    spec = spec_from_config(target, server_cfg, engine=generation_cfg["engine"], tool_call_parser=tool_call_parser,
+                            **overrides)
     spec.env.update({k: str(v) for k, v in generation_cfg["env"].items()})
+    if tool_call_parser:
+        check_tool_call_parser(spec.engine, tool_call_parser, spec.extra_args)
     return spec
+
+
+def vllm_tool_parsers() -> set[str]:
+    """The tool-call parsers vLLM registers (its ToolParserManager; the import takes ~10 s on a CPU)."""
+    from vllm.tool_parsers import ToolParserManager
+
+    return set(ToolParserManager.tool_parsers) | set(ToolParserManager.lazy_parsers)
+
+
+def check_tool_call_parser(engine: str, name: str, extra_args: list[str]) -> None:
+    """Refuse, before the server starts, a parser the engine does not know. SGLang's list is not read
+    here (its package is on GPU machines only; an unknown name fails its own start), nor vLLM's where
+    the user's flags bring a parser plugin of their own."""
+    if engine != "vllm" or any(arg.split("=")[0] == "--tool-parser-plugin" for arg in extra_args):
+        log.info("target.tool_call_parser %r is not checked before the %s server starts", name, engine)
+        return
+    known = vllm_tool_parsers()
+    if name not in known:
+        raise ValueError(f"target.tool_call_parser: {name!r} is not one of vLLM's tool-call parsers: "
+                         f"{', '.join(sorted(known))}")

@@ -1,0 +1,207 @@
+"""A server's failure is the machine's (retried, then the job fails and nothing is recorded) or the served
+method's (recorded): read from the server's log, in vLLM's own words."""
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+
+from draftsmith.data.datasets import Prompt
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.generation import server as srv
+from draftsmith.generation.server import ServerExited
+
+PREFIX = "(EngineCore_DP0 pid=4242) ERROR 12-06 10:02:11 [core.py:1512] "
+# Log tails as vLLM 0.32 and its libraries write them (the texts grep'd from the installed packages).
+TAILS = {
+    srv.MEMORY_HELD: (
+        f"{PREFIX}Traceback (most recent call last):\n"
+        f"{PREFIX}  File \".../vllm/v1/worker/utils.py\", line 762, in request_memory\n"
+        f"{PREFIX}ValueError: Free memory on device cuda:0 (3.1/79.19 GiB) on startup is less than desired GPU "
+        "memory utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+        "processes.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+        "{'EngineCore_DP0': 1}\n"),
+    srv.CUDA_OOM: (
+        f"{PREFIX}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 79.19 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.1 GiB "
+        "memory in use.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+        "{'EngineCore_DP0': 1}\n"),
+    srv.PORT_TAKEN: (
+        "(APIServer pid=4100) INFO 12-06 10:02:40 [api_server.py:1012] Starting vLLM API server 0 on "
+        "http://127.0.0.1:43117\n"
+        "(APIServer pid=4100) ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', "
+        "43117): address already in use\n"),
+    srv.HUB_UNREACHABLE: (
+        "(APIServer pid=4100) Traceback (most recent call last):\n"
+        "huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the "
+        "Hub and we cannot find the requested files in the local cache. Please check your connection and try "
+        "again or make sure your Internet connection is on.\n"
+        "OSError: We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+        "cached files.\n"),
+    srv.ENGINE_KILLED: (
+        "(APIServer pid=4100) INFO 12-06 10:05:02 [loggers.py:257] Engine 000: Avg generation throughput: 812.4 "
+        "tokens/s, Running: 16 reqs\n"
+        "(APIServer pid=4100) WARNING 12-06 10:05:09 [core_client.py:818] [shutdown] MPClient: engine core exited "
+        "unexpectedly; starting cleanup\n"
+        "(APIServer pid=4100) ERROR 12-06 10:05:09 [async_llm.py:787] AsyncLLM output_handler failed.\n"
+        "(APIServer pid=4100) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+        "stack trace (above) for the root cause.\n"),
+}
+# The served method's: the engine refusing the drafter, raising while drafting, a model the hub does not have.
+METHODS = (
+    f"{PREFIX}ValueError: No common block size for 16 (attention backends: FLASH_ATTN)\n"
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
+    "{'EngineCore_DP0': 1}\n",
+    f"{PREFIX}EngineCore encountered a fatal error.\n{PREFIX}Traceback (most recent call last):\n"
+    f"{PREFIX}RuntimeError: shape '[16, 3, 4096]' is invalid for input of size 65536\n"
+    "(APIServer pid=4100) WARNING 12-06 10:05:09 [core_client.py:818] [shutdown] MPClient: engine core exited "
+    "unexpectedly; starting cleanup\n",
+    "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not Found for url: "
+    "https://huggingface.co/api/models/someone/no-such-drafter\n",
+)
+
+
+@pytest.mark.parametrize("cause", list(TAILS))
+def test_each_machine_failure_is_read_from_the_servers_log(cause):
+    assert srv.failure_cause(TAILS[cause]) == cause
+
+
+@pytest.mark.parametrize("tail", METHODS)
+def test_the_methods_own_failures_are_not_the_machines(tail):
+    assert srv.failure_cause(tail) is None
+
+
+def test_an_engine_killed_at_start_is_told_by_its_exit_code():
+    killed = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): " \
+             "{'EngineCore_DP0': -9}\n"
+    assert srv.failure_cause(killed) == srv.ENGINE_KILLED
+    assert srv.failure_cause("ERROR [multiproc_executor.py:316] Worker proc VllmWorker-0 died unexpectedly "
+                             "(exit code: -9), shutting down executor.") == srv.ENGINE_KILLED
+    assert srv.failure_cause("Worker proc VllmWorker-0 died unexpectedly (exit code: 1)") is None
+
+
+def test_only_this_servers_part_of_an_appended_log_is_read(tmp_path):
+    """A job's servers append to one log: a first start's port race must not make a later start's refusal of
+    the drafter the machine's."""
+    log_path = tmp_path / "server.log"
+    log_path.write_text(TAILS[srv.PORT_TAKEN])
+    start = log_path.stat().st_size
+    log_path.write_text(TAILS[srv.PORT_TAKEN] + METHODS[0])
+    assert ServerExited("exited with code 1", 1, log_path, start).cause() is None
+    assert ServerExited("exited with code 1", 1, log_path, 0).cause() == srv.PORT_TAKEN
+
+
+GRID = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2], False, "vllm")
+
+
+def starts(tmp_path, tails: list[str | None], dies_with: str | None = None):
+    """A fake server: each start exits with the next of ``tails`` written to its log (None: it starts); a started
+    one ends with exit code 1 while serving, its log ``dies_with``, when that is given."""
+    log_path, calls = tmp_path / "server.log", []
+
+    @contextmanager
+    def start():
+        calls.append(1)
+        tail = tails[len(calls) - 1] if len(calls) <= len(tails) else None
+        begun = log_path.stat().st_size if log_path.is_file() else 0
+        if tail is not None:
+            with log_path.open("a") as out:
+                out.write(tail)
+            raise ServerExited(f"server exited with code 1 before it was ready; last lines of {log_path}", 1,
+                               log_path, begun)
+        running = SimpleNamespace(base_url="dies" if dies_with else "up", exited_before_stop=None,
+                                  cause=lambda: srv.failure_cause(srv.own_log(log_path, begun)))
+        try:
+            yield running
+        finally:
+            if dies_with:
+                with log_path.open("a") as out:
+                    out.write(dies_with)
+                running.exited_before_stop = 1
+
+    return start, calls
+
+
+@pytest.fixture
+def fake_grid(monkeypatch):
+    waits, freed = [], []
+
+    def runs_at(base_url, *args, **kwargs):
+        if base_url == "dies":
+            import httpx
+
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0, "held": True}]
+
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "runs_at", runs_at)
+    monkeypatch.setattr(ev.time, "sleep", waits.append)
+    monkeypatch.setattr(ev, "wait_for_gpu_memory", lambda **kwargs: freed.pop(0))
+    return SimpleNamespace(waits=waits, freed=freed)
+
+
+def cells(server):
+    return ev.measure_cells(GRID, "m", [{"concurrency": 2, "runs": [{"output_tok_s": 40.0, "held": True}]}],
+                            {("finetuned", 3): server})["cells"]
+
+
+def test_a_port_race_or_the_hub_is_started_again_and_measured(tmp_path, fake_grid):
+    server, calls = starts(tmp_path, [TAILS[srv.PORT_TAKEN], TAILS[srv.HUB_UNREACHABLE]])
+    measured = cells(server)
+    assert len(calls) == 3 and "failed" not in measured[0] and measured[0]["runs"][0]["speedup"] == 1.25
+    assert fake_grid.waits == [ev.PORT_WAIT_S, 2 * ev.RETRY_WAIT_S]
+
+
+def test_a_machine_failure_at_every_start_fails_the_job_and_records_nothing(tmp_path, fake_grid):
+    """Recorded, a hub outage at the method's start left the method out of every later pick."""
+    server, calls = starts(tmp_path, [TAILS[srv.HUB_UNREACHABLE]] * ev.START_TRIES)
+    with pytest.raises(ev.NotTheMethod, match=r"hub unreachable at each of 3 starts.*nothing is recorded"):
+        cells(server)
+    assert len(calls) == ev.START_TRIES
+
+
+def test_gpu_memory_is_waited_for_then_a_drafter_that_does_not_fit_is_the_methods(tmp_path, fake_grid):
+    """The previous server's memory not yet returned: wait for it, start again. Out of memory again on a GPU
+    no one else held: the drafter does not fit, recorded as the method's without a third start."""
+    server, calls = starts(tmp_path, [TAILS[srv.MEMORY_HELD], TAILS[srv.CUDA_OOM], TAILS[srv.CUDA_OOM]])
+    fake_grid.freed.extend([True, True])
+    measured = cells(server)
+    assert len(calls) == 2 and measured[0]["failed"].startswith("ServerExited: server exited with code 1")
+    # the memory freed in time: measured
+    server, calls = starts(tmp_path / "b", [TAILS[srv.CUDA_OOM]])
+    (tmp_path / "b").mkdir()
+    fake_grid.freed.extend([True])
+    assert "failed" not in cells(server)[0] and len(calls) == 2
+
+
+def test_gpu_memory_still_held_by_another_process_fails_the_job(tmp_path, fake_grid):
+    server, calls = starts(tmp_path, [TAILS[srv.CUDA_OOM]] * ev.START_TRIES)
+    fake_grid.freed.extend([False, False])
+    with pytest.raises(ev.NotTheMethod, match="other processes still held its GPUs' memory"):
+        cells(server)
+    assert len(calls) == ev.START_TRIES
+
+
+def test_the_methods_failure_at_start_is_recorded_at_once(tmp_path, fake_grid):
+    server, calls = starts(tmp_path, [METHODS[0]])
+    assert cells(server)[0]["failed"].startswith("ServerExited") and len(calls) == 1 and not fake_grid.waits
+
+
+def test_an_engine_killed_while_serving_fails_the_job_and_its_own_crash_is_recorded(tmp_path, fake_grid):
+    """vLLM's API server exits with 1 when its engine process is OOM-killed: recorded, the method was left out
+    for good. An engine that raised while drafting is the method's."""
+    server, _ = starts(tmp_path, [], dies_with=TAILS[srv.ENGINE_KILLED])
+    with pytest.raises(ev.NotTheMethod, match="engine process killed while it served"):
+        cells(server)
+    server, _ = starts(tmp_path / "b", [], dies_with=METHODS[1])
+    (tmp_path / "b").mkdir()
+    assert cells(server)[0]["failed"].startswith("RemoteProtocolError")
+
+
+def test_gpu_memory_is_waited_for_until_no_other_process_holds_it():
+    readings, slept = [2048, 512, 0], []
+    assert ev.wait_for_gpu_memory(lambda: readings.pop(0), slept.append) is True and len(slept) == 2
+    assert ev.wait_for_gpu_memory(lambda: 100, slept.append, timeout_s=10) is False
+    assert ev.wait_for_gpu_memory(lambda: None, slept.append) is None
