@@ -85,6 +85,11 @@ rule pick:
         pick_at=PICK_AT,
         concurrency=RESULT["evaluation"]["concurrency"],
         ngram=RESULT["evaluation"]["ngram"],
+        # each prompt set's workload: the recipe is ranked per workload too
+        workloads={
+            name: entry.get("workload", "chat")
+            for name, entry in RESULT["evaluation"]["prompt_sets"].items()
+        },
     script:
         "../scripts/pick.py"
 

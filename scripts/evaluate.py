@@ -2,7 +2,6 @@ import json
 import logging
 from pathlib import Path
 
-from draftsmith.core import compute
 from draftsmith.core.atomic import write_json
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.evaluation import methods
@@ -33,12 +32,13 @@ def main() -> None:
         drafters[method] = None
     config = json.loads(Path(sm.input.drafter_config).read_text()) if record["trained"] else None
     lengths = methods.draft_lengths(method, cfg, config)
-    grid = ev.Grid(ev.prompt_sets(cfg, base_dir(sm)), cfg["temperatures"], cfg["max_tokens"], cfg["concurrency"],
-                   compute.has_accelerator(), cfg["engine"])
+    grid = ev.grid_of(cfg, sm.config["tokenize"]["tool_rendering"], base_dir(sm))
     logs = Path(sm.log.main).parent
+    parser = ev.tool_call_parser(grid, sm.config["target"]["tool_call_parser"], server_cfg)
 
     def server(label: str | None = None, k: int = 0, drafter: str | None = None):
-        spec = ev.for_measurement(ev.server_spec(cfg["engine"], tgt, server_cfg, label and method, k, drafter, cfg))
+        spec = ev.for_measurement(ev.server_spec(cfg["engine"], tgt, server_cfg, label and method, k, drafter, cfg),
+                                  parser)
         return lambda: managed_server(spec, logs / f"{method}.{f'{label}.k{k}' if label else 'baseline'}.server.log")
 
     shared = json.loads(Path(sm.input.baseline).read_text()) if sm.input.get("baseline") else None

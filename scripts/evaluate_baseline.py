@@ -4,7 +4,6 @@ speed-ups divide by it."""
 
 from pathlib import Path
 
-from draftsmith.core import compute
 from draftsmith.core.atomic import write_json
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation.server import managed_server
@@ -13,9 +12,9 @@ from draftsmith.ops.runner import base_dir, run, target_of
 
 def main() -> None:
     cfg, server_cfg, tgt = sm.params.evaluation, sm.config["server"], target_of(sm)
-    grid = ev.Grid(ev.prompt_sets(cfg, base_dir(sm)), cfg["temperatures"], cfg["max_tokens"], cfg["concurrency"],
-                   compute.has_accelerator(), cfg["engine"])
-    spec = ev.for_measurement(ev.server_spec(cfg["engine"], tgt, server_cfg))
+    grid = ev.grid_of(cfg, sm.config["tokenize"]["tool_rendering"], base_dir(sm))
+    parser = ev.tool_call_parser(grid, sm.config["target"]["tool_call_parser"], server_cfg)
+    spec = ev.for_measurement(ev.server_spec(cfg["engine"], tgt, server_cfg), parser)
     log = Path(sm.log.main).with_suffix(".server.log")
     measured = ev.measure_baseline(grid, tgt.model, lambda: managed_server(spec, log))
     write_json(sm.output.results, {**measured, "target": tgt.model, "engine": cfg["engine"],

@@ -6,7 +6,6 @@ import json
 import logging
 from pathlib import Path
 
-from draftsmith.core import compute
 from draftsmith.core.atomic import write_json
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.evaluation import schedule
@@ -21,8 +20,10 @@ def main() -> None:
     results = json.loads(Path(sm.input.results).read_text())
     cfg, server_cfg, tgt = sm.params.evaluation, sm.config["server"], target_of(sm)
     plan = results["schedule"]
+    # vLLM's schedule from another engine's cells was never measured: none is given (the card says so)
     record = {"schedule": plan, "described": schedule.describe(plan),
-              "speculative_config": schedule.speculative_config(plan, DRAFTER_HERE, cfg)}
+              "speculative_config": schedule.speculative_config(plan, DRAFTER_HERE, cfg)
+              if cfg["engine"] == "vllm" else None}
     if plan["kind"] != "dynamic" or cfg["engine"] != "vllm":
         why = {"plain": "no band drafts: serve without speculation",
                "fixed": "one draft length at every measured concurrency: the grid's own cells measured it"}
@@ -32,12 +33,12 @@ def main() -> None:
         write_json(sm.output.serving, record)
         return
     drafter = str(Path(sm.input.drafter).parent)
-    grid = ev.Grid(ev.prompt_sets(cfg, base_dir(sm)), cfg["temperatures"], cfg["max_tokens"], cfg["concurrency"],
-                   compute.has_accelerator(), cfg["engine"])
+    grid = ev.grid_of(cfg, sm.config["tokenize"]["tool_rendering"], base_dir(sm))
     logs = Path(sm.log.main).parent
+    parser = ev.tool_call_parser(grid, sm.config["target"]["tool_call_parser"], server_cfg)
 
     def server(config: dict | None, name: str):
-        spec = ev.for_measurement(spec_from_config(tgt, server_cfg, speculative_config=config))
+        spec = ev.for_measurement(spec_from_config(tgt, server_cfg, speculative_config=config), parser)
         return lambda: managed_server(spec, logs / f"schedule.{name}.server.log")
 
     shared = json.loads(Path(sm.input.baseline).read_text()) if sm.input.get("baseline") else None

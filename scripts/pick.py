@@ -34,12 +34,16 @@ def main() -> None:
                          (sm.input.gates[at], sm.output.gate), (sm.input.sglang[at], sm.output.sglang)):
         pick.copy_drafter(Path(source), Path(dest))
     results = pick.results(evaluations, rows, chosen, why, params.concurrency, figure, params.pick_at,
-                           params.ngram)
+                           params.ngram, dict(params.workloads))
     results["pick"]["asked"] = params.pick_by
     results["schedule"] = schedule.build(results["serving"], chosen)
     log.info("%s's schedule (%s): %s", chosen, results["schedule"]["kind"], schedule.describe(results["schedule"]))
     for entry in results["serving"]:
         best = entry["best"]
+        for cell in entry["not_held"]:
+            log.warning("at concurrency %d %s k=%d did not hold (%s): ranked at what it delivered%s",
+                        entry["concurrency"], cell["method"], cell["k"], cell["why"],
+                        "; no method held there" if entry["nothing_held"] else "")
         if entry["plain_wins"]:
             log.warning("at concurrency %d plain serving (no speculation) is best by %s", entry["concurrency"],
                         pick.FIGURES[figure])

@@ -70,7 +70,7 @@ def test_every_cell_is_measured_alone_against_the_target_alone_of_the_same_windo
 
     speed = {"baseline": {2: 40.0, 8: 100.0}, "k1": {2: 50.0, 8: 90.0}, "k3": {2: 60.0, 8: 80.0}}
 
-    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, concurrency, engine, drafting):
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, concurrency, engine, drafting, **_):
         events.append(f"{base_url} c={concurrency}")
         assert drafting is (base_url != "baseline")
         return [{"set": name, "temperature": t, "prompts": len(prompts), "output_tok_s": speed[base_url][concurrency]}
@@ -119,7 +119,7 @@ def test_a_server_that_fails_fails_its_cells_not_the_grid(monkeypatch):
             yield SimpleNamespace(base_url=name)
         return started
 
-    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting):
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting, **_):
         if base_url == "k5" and c == 8:  # started, answered at c=2, then died
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
         return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0}]
@@ -202,7 +202,7 @@ def test_a_slow_start_or_a_killed_server_fails_the_job_instead_of_dropping_the_m
                 running.exited_before_stop = exit_code
         return started
 
-    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting):
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting, **_):
         if base_url == "dies":
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
         return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0}]
@@ -277,16 +277,22 @@ def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full
                     dispatched=32)
     assert not run.held and run.as_dict()["repeats"] == 2.67
     assert ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).held
-    # The engine's own count: a max_num_seqs of 8 queues the rest where the client cannot see it, and the cell
-    # of 16 never ran 16 at once; requests waiting for a long prompt's prefill lower the mean, not the peak.
+    # The engine's own count, against the target alone's at the same point: a KV cache that fits 8 queues the rest
+    # where the client cannot see it, and the cell of 16 never ran 16 at once; requests waiting for a long prompt's
+    # prefill hold the target alone's mean at 7.9 of 12 too, so a method at 7.5 held what the target held.
     queued = ev.SetRun(12, 16, 32, 17, 900, 30.0, in_flight=16.0, running=8.0, peak_running=8.0, readings=60,
-                       dispatched=32)
-    assert not queued.held and queued.as_dict()["mean_running"] == 8.0
-    prefilling = ev.SetRun(12, 12, 24, 13, 900, 7.0, in_flight=11.99, running=8.22, peak_running=12.0, readings=14)
-    assert prefilling.held and prefilling.as_dict()["peak_running"] == 12.0
-    # two readings (a CPU test's window of 1.3 s) both fell between admissions: too few to judge by
-    glimpsed = ev.SetRun(3, 4, 8, 5, 66, 1.3, in_flight=3.95, running=2.0, peak_running=2.0, readings=2)
-    assert glimpsed.held
+                       dispatched=32).as_dict()
+    alone = ev.SetRun(12, 16, 32, 17, 900, 30.0, in_flight=16.0, running=14.9, peak_running=16.0, readings=60,
+                      dispatched=32).as_dict()
+    assert queued["held"] and ev.hold(queued, alone, 16) == ("its engine ran 8.00 requests on average, 0.54x the "
+                                                             "target alone's 14.90 (60 and 60 readings)")
+    prefilling = ev.SetRun(12, 12, 24, 13, 900, 7.0, in_flight=11.99, running=7.5, peak_running=12.0, readings=14)
+    alone = ev.SetRun(12, 12, 24, 13, 900, 7.0, in_flight=11.99, running=7.9, peak_running=12.0, readings=14)
+    assert ev.hold(prefilling.as_dict(), alone.as_dict(), 12) is None
+    # the target alone's own hold is judged too: a speed-up over a window that did not hold says nothing
+    ramped = ev.SetRun(6, 6, 12, 7, 66, 2.4, in_flight=5.36).as_dict()
+    assert ev.hold(prefilling.as_dict(), ramped, 6) == "the target alone held 5.36 requests in flight on average, of 6"
+    assert ev.hold(ramped, alone.as_dict(), 6) == "5.36 requests in flight on average, of 6"
     # MT-bench's two turns per prompt: 160 requests from 80 prompts sent once
     assert ev.SetRun(80, 1, 160, 159, 9000, 60.0, 1.0, dispatched=80).as_dict()["repeats"] == 1.0
 
@@ -332,3 +338,103 @@ def test_the_preflight_names_a_set_that_cannot_fill_a_concurrency_and_what_is_do
     assert notices == ["evaluation.prompt_sets.held has 12 prompts: at concurrency 16 they are sent 2.7x, 64 they "
                        "are sent 10.7x (cycled in order, each window timed while the concurrency is held); a set of "
                        "at least 128 prompts would measure distinct ones"]
+
+
+# SGLang's /metrics as its production-metrics page shows it (--enable-metrics; HELP/TYPE lines, a model_name label,
+# histograms beside the counters), at one moment of a run.
+SGLANG_METRICS = """\
+# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 8.128902e+06
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.557572e+06
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.28
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 16.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.71
+# HELP sglang:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_sum{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2.3518979474117756e+06
+sglang:time_to_first_token_seconds_bucket{le="0.001",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 290.0
+sglang:time_to_first_token_seconds_count{model_name="meta-llama/Llama-3.1-8B-Instruct"} 290.0
+"""
+
+
+def test_sglang_counters_are_read_from_its_metrics_text():
+    """Only SGLang's generated tokens and running requests: its acceptance gauge is a mean since the server
+    started (a cell's own comes from its requests), and vLLM's names never match."""
+    assert ev.parse_counters(SGLANG_METRICS, "sglang") == {"generated": 7557572.0, "running": 16.0}
+    assert ev.parse_counters(SGLANG_METRICS, "vllm") == {}
+
+
+def fake_sglang(delays: dict[str, float]):
+    """An SGLang stand-in: each answer takes its prompt's delay and 10 tokens, which its counter adds only once the
+    request finishes (as SGLang's does); no running gauge, so no window is stretched to read one."""
+    import json
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    state = {"generated": 0}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, body: bytes, kind: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._send((f"# TYPE sglang:generation_tokens_total counter\nsglang:generation_tokens_total"
+                        f"{{model_name=\"m\"}} {state['generated']}.0\n").encode(), "text/plain")
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            time.sleep(delays[body["messages"][-1]["content"]])
+            with lock:
+                state["generated"] += 10
+            self._send(json.dumps({"choices": [{"message": {"content": "x"}, "finish_reason": "length"}],
+                                   "usage": {"prompt_tokens": 3, "completion_tokens": 10}}).encode(),
+                       "application/json")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_sglang_rounds_run_to_their_last_answer_and_count_every_token(monkeypatch):
+    """SGLang counts a request's tokens only when it finishes: a window cut while the batch was full dropped every
+    cut request's tokens (1.26x read against a steady 1.60x). Its round runs to its last answer, every token
+    counted, and the record says how."""
+    import asyncio
+
+    from draftsmith.data.datasets import Prompt
+
+    server = fake_sglang({"slow": 0.8, "fast": 0.02})
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        # two workers: one answers "slow" alone; the other two "fast" then the second "slow", still running when
+        # the first runs out of work
+        prompts = [Prompt("s", ["slow"]), Prompt("f1", ["fast"]), Prompt("f2", ["fast"])]
+        run, before, after = asyncio.run(ev.run_set(url, "m", prompts, {"max_tokens": 10}, 2, engine="sglang"))
+    finally:
+        server.shutdown()
+    assert run.sent == 4 and run.completed == 4
+    assert run.output_tokens == 40 == after["generated"] - before["generated"]
+    assert run.as_dict()["tokens_counted"] == "completed requests"
+    assert ev.SetRun(1, 1, 1, 1, 10, 1.0, 1.0).as_dict()["tokens_counted"] == "engine counter"

@@ -5,6 +5,7 @@ import pytest
 
 from draftsmith.evaluation import pick, schedule
 from tests import grid
+from tests.test_report import NGRAM
 
 # EAGLE-3 pays at low load and costs at high load (as vLLM's own guide says speculation does): plain serving wins
 # at 64. k=3 is best at 1, k=1 at 16.
@@ -17,7 +18,9 @@ def test_a_schedule_drafts_what_won_each_band_and_nothing_where_plain_serving_wo
     plan = schedule.build(serving, "eagle3")
     assert plan["kind"] == "dynamic" and plan["k_at"] == {"1": 3, "16": 1, "64": 0}
     assert plan["ranges"] == [[1, 15, 3], [16, 63, 1], [64, 1024, 0]]
-    assert schedule.describe(plan) == "batch 1-15: k=3; batch 16-63: k=1; batch 64+: no speculation"
+    assert schedule.describe(plan) == ("batch 1-15: k=3; batch 16-63: k=1; batch 64: no speculation; batch 65+: no "
+                                       "speculation, unmeasured (the largest concurrency measured was 64)")
+    assert plan["unmeasured_above"] == {"from": 65, "k": 0} and plan["starts_from"]["16"] == "engine"
     config = schedule.speculative_config(plan, "results/drafter", {})
     assert config == {"method": "eagle3", "model": "results/drafter", "num_speculative_tokens": 3,
                       "num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 63, 1], [64, 1024, 0]]}
@@ -57,7 +60,7 @@ def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_serve
     served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}),
               "measured": {"cells": measured["cells"]}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
-    assert "batch 1-15: k=3; batch 16-63: k=1; batch 64+: no speculation" in text
+    assert "batch 1-15: k=3; batch 16-63: k=1; batch 64: no speculation; batch 65+: no speculation, unmeasured" in text
     assert ('vllm serve b/m --speculative-config \'{"method": "eagle3", "model": "<this folder>", '
             '"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 63, 1], '
             '[64, 1024, 0]]}\'') in text
@@ -78,3 +81,106 @@ def test_a_schedule_vllm_could_not_serve_is_not_recommended():
                                      for c in (1, 16, 64)]}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
     assert "**vLLM could not serve it here** (ServerExited" in text and "vllm serve" not in text
+
+
+def engine_running(evaluation: dict, running: dict[int, float]) -> dict:
+    """``evaluation`` with its cells' and its baseline's engine means set per concurrency."""
+    for point in (*evaluation["cells"], *evaluation["baseline"]):
+        for run in point["runs"]:
+            run["mean_running"] = running[point["concurrency"]]
+    return evaluation
+
+
+def test_bands_start_where_the_engine_ran_and_vllm_drafts_what_was_measured_there():
+    """Measured at [1, 12, 64], the bands were 1-11, 12-63, 64+: at concurrency 12 the engine ran 7.9 requests on
+    average, so vLLM's lookup drafted the k measured at 1 at batch sizes 8-11 that concurrency 12 served, and
+    k=1 at 63 running requests in the band labelled "no speculation at 64"."""
+    eagle3 = engine_running(grid.evaluation("eagle3", {(3, 1): (2.1, 2.2), (1, 12): (1.3, 1.5), (3, 12): (1.2, 2.2),
+                                                       (1, 64): (0.9, 1.5), (3, 64): (0.7, 2.2)}),
+                            {1: 1.0, 12: 7.9, 64: 41.6})
+    plan = schedule.build(pick.serving({"eagle3": eagle3}, [1, 12, 64], "speedup"), "eagle3")
+    assert plan["starts"] == {"1": 1, "12": 8, "64": 42} and plan["ranges"] == [[1, 7, 3], [8, 41, 1], [42, 1024, 0]]
+    dynamic = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    dynamic.validate_and_normalize_dynamic_sd_schedule(plan["ranges"])
+    lookup = dynamic.build_dynamic_sd_schedule_lookup(plan["ranges"], 256, 3)
+    assert lookup[7] == 3 and lookup[8] == lookup[41] == 1 and lookup[42] == 0
+    # edges strictly increase from 1; the concurrency itself where the engine was not read, and said so
+    assert schedule.band_starts([1, 2, 3, 16], {2: 1.2, 3: 1.4, 16: None}) == [1, 2, 3, 16]
+    unread = schedule.build(pick.serving({"eagle3": engine_running(eagle3, {1: None, 12: None, 64: None})},
+                                         [1, 12, 64], "speedup"), "eagle3")
+    assert unread["starts"] == {"1": 1, "12": 12, "64": 64} and unread["starts_from"]["12"] == "concurrency"
+    # the card's bands follow the same edges, and name the batch sizes above the largest measured
+    from draftsmith.evaluation.model_card import bands
+
+    assert bands([1, 12, 64], plan) == ["batch sizes 1 to 7 (measured at concurrency 1)",
+                                        "batch sizes 8 to 41 (measured at concurrency 12, where the engine ran 7.9 "
+                                        "on average)",
+                                        "batch sizes 42 to 64 (measured at concurrency 64, where the engine ran 41.6 "
+                                        "on average); above 64 unmeasured, served at its setting"]
+    from draftsmith.evaluation.model_card import card
+    from tests.test_report import card_inputs
+
+    results = pick.results({"eagle3": eagle3}, [pick.summary("eagle3", eagle3, grid.training(), 1, "speedup", 1)],
+                           "eagle3", "why", [1, 12, 64], "speedup", 1, {})
+    text = card(card_inputs({**results, "schedule": plan}))
+    assert "### Batch sizes 8 to 41 (measured at concurrency 12, where the engine ran 7.9 on average)" in text
+
+
+def test_a_band_that_did_not_hold_is_named_and_never_presented_as_plain_serving_having_won():
+    """EAGLE-3 held 5.36 in flight of 6 at concurrency 6 and the band became "no speculation", served and
+    recommended as if the target alone had won there."""
+    eagle3 = grid.evaluation("eagle3", {(3, 1): (2.1, 2.2), (3, 6): (0.9, 2.2)})
+    for run in eagle3["cells"][1]["runs"]:
+        run.update(held=False, held_why="5.36 requests in flight on average, of 6")
+    serving = pick.serving({"eagle3": eagle3}, [1, 6], "speedup")
+    assert serving[1]["nothing_held"] and not serving[1]["plain_wins"]
+    assert serving[1]["not_held"] == [{"method": "eagle3", "k": 3, "why": "5.36 requests in flight on average, of 6"}]
+    plan = schedule.build(serving, "eagle3")
+    assert plan["not_held"] == {"6": "5.36 requests in flight on average, of 6"}
+    assert schedule.describe(plan).endswith("concurrency 6 did not hold (5.36 requests in flight on average, of 6): "
+                                            "its band is unmeasured, served as it was measured")
+
+
+def test_the_one_config_names_a_training_free_method_that_beat_the_drafter_everywhere_and_sglang_gives_none():
+    """The card's one config for every batch size named the published drafter though n-gram beat it at every band;
+    with `engine: sglang` it gave a vLLM schedule built from SGLang cells that no server ever ran."""
+    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from tests.test_report import card_inputs
+
+    eagle3 = grid.evaluation("eagle3", {(3, 1): (1.1, 1.5), (3, 16): (0.9, 1.5)})
+    ngram = grid.evaluation("ngram", {(1, 1): (1.2, 1.2), (3, 1): (1.1, 1.3), (1, 16): (1.0, 1.2), (3, 16): (0.8, 1.1)},
+                            trained=False)
+    evaluations = {"eagle3": eagle3, "ngram": ngram}
+    results = {**pick.results(evaluations, [pick.summary("eagle3", eagle3, grid.training(), 1, "speedup", 1)],
+                              "eagle3", "why", [1, 16], "speedup", 1, NGRAM), "on_accelerator": True}
+    assert schedule.best_single(results["serving"], "eagle3") == {"method": "ngram", "k": 1}
+    plan = schedule.build(results["serving"], "eagle3")
+    served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {}}
+    text = "\n".join(card_schedule(card_inputs(results, serving=served)))
+    assert text.index("**n-gram, which needs no drafter, beat this drafter at every measured concurrency**") < \
+        text.index('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2') < \
+        text.index("This drafter's own config for every batch size, if you serve it:")
+    # beaten at one band only: the drafter's own schedule is the one config
+    assert schedule.best_single(pick.serving({"eagle3": EAGLE3, "ngram": ngram}, [1, 16, 64], "speedup"),
+                                "eagle3") is None
+    on_sglang = "\n".join(card_schedule(card_inputs({**results, "engine": "sglang"}, serving=served)))
+    assert "vLLM's only" in on_sglang and "measured with sglang: no schedule is given" in on_sglang
+    assert "vllm serve" not in on_sglang
+
+
+def test_a_cpus_config_says_its_draft_length_is_the_largest_not_a_gpus_best():
+    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from tests.test_report import card_inputs
+
+    results = pick.results({"eagle3": EAGLE3}, [pick.summary("eagle3", EAGLE3, grid.training(), 1, "tau", 1)],
+                           "eagle3", "why", [1, 16, 64], "tau", 1, {})
+    plan = schedule.build(results["serving"], "eagle3")
+    served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {}}
+    text = "\n".join(card_schedule(card_inputs(results, serving=served)))
+    assert "this config's draft length is the largest measured, not a GPU's best" in text
+    assert "Batch sizes from 65 up are unmeasured (the largest concurrency measured was 64)" in text  # fixed k=3
+    assert "not a GPU's best" not in "\n".join(card_schedule(card_inputs({**results, "on_accelerator": True},
+                                                                         serving=served)))
+    whole = card(card_inputs(results, serving=served))
+    assert "carries over" not in whole and "a CPU always prefers the largest draft length measured" in whole

@@ -24,7 +24,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,20 @@ from draftsmith.core import compute
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation import methods
 from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, RequestFailed, RetryPolicy
-from draftsmith.generation.server import ServerError, ServerExited, StartupTimeout, ended_by_signal
+from draftsmith.generation.generate import ask as ask_with_tools
+from draftsmith.generation.generate import assistant_message, pair_calls
+from draftsmith.generation.server import (
+    CUDA_OOM,
+    ENGINE_KILLED,
+    MEMORY_HELD,
+    PORT_TAKEN,
+    ServerError,
+    ServerExited,
+    StartupTimeout,
+    check_tool_call_parser,
+    ended_by_signal,
+    engine_args,
+)
 from draftsmith.training import families
 
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -48,6 +61,13 @@ log = logging.getLogger(__name__)
 # (a window ends only once the server is idle again). SGLang exposes them with --enable-metrics.
 GENERATED_TOKENS = {"vllm": "vllm:generation_tokens", "sglang": "sglang:generation_tokens"}
 RUNNING = {"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"}
+# How each engine's windows count their tokens (each run records it as ``tokens_counted``). vLLM's counter moves as
+# tokens are generated: a window is cut when the batch is no longer full, and what its cut requests generated
+# inside it counts. SGLang adds a request's tokens to its counter only when the request finishes (its
+# TokenizerManager, on completion): a cut window would miss all its cut requests' tokens (1.26x read against a
+# steady 1.60x at concurrency 64 on 80 prompts), so its round runs to its last answer and is timed to it, the
+# drain included, every request's tokens counted (:func:`run_set`).
+TOKENS_COUNTED = {"vllm": "engine counter", "sglang": "completed requests"}
 
 
 def parse_counters(text: str, engine: str) -> dict[str, float]:
@@ -95,17 +115,24 @@ def acceptance(before: dict[str, float], after: dict[str, float], output_tokens:
 # A set is sent as at least this many rounds of the concurrency: a set smaller than that is repeated (its
 # prompts cycled in order), so that the window holds the batch full for more than its first prefill.
 FULL_ROUNDS = 2
-# A concurrency counts as held when the requests in flight over the timed window average at least this share of it.
+# A concurrency counts as held when the requests in flight over the timed window average at least this share of
+# it, and a method's engine ran at least this share of what the target alone's ran at the same point.
 HELD = 0.9
 SAMPLE_S = 0.5  # how often the engine's running requests are read during a window
-# The engine's peak judges a window only from this many readings on: in a shorter one (a CPU demo's 8 requests
-# of a dozen tokens, read twice) two readings between admissions read 2 of 4 running.
-PEAK_READINGS = 10
+# The engine's running mean judges a window from this many readings on: a window that has fewer when its set is
+# sent is sent more rounds until it has them (a CPU demo's 8 requests of a dozen tokens are read twice).
+MIN_READINGS = 10
+# The most rounds of the concurrency a window is stretched to while it waits for MIN_READINGS (an engine that
+# serves no running gauge never gives them).
+MAX_ROUNDS = 32
+# A point that did not hold is measured once more at this many times its rounds before it is given up.
+RETRY_ROUNDS = 4
 
 
-def requests_for(prompts: int, concurrency: int) -> int:
-    """How many requests a set of ``prompts`` is sent as at ``concurrency`` (its prompts cycled in order)."""
-    return max(prompts, FULL_ROUNDS * concurrency)
+def requests_for(prompts: int, concurrency: int, rounds: int = FULL_ROUNDS) -> int:
+    """How many requests a set of ``prompts`` is sent as at ``concurrency`` (its prompts cycled in order), before
+    any rounds :func:`run_set` adds to read the engine over :data:`MIN_READINGS`."""
+    return max(prompts, rounds * concurrency)
 
 
 @dataclass
@@ -117,36 +144,38 @@ class SetRun:
 
     prompts: int
     concurrency: int
-    sent: int  # requests sent (each turn of a prompt one; the set's prompts cycled to fill the concurrency)
+    sent: int  # requests sent (each turn of a prompt one, and each after its tool results; prompts cycled)
     completed: int  # requests answered inside the window
     output_tokens: int  # generated inside the window
     window_s: float
     in_flight: float  # requests in flight from the client, averaged over the window
     # Requests the engine ran, averaged over its reading every SAMPLE_S: below the concurrency while a request
-    # waits to be admitted (a long prompt's prefill, between one answer and the next), and capped by a
-    # max_num_seqs or a KV cache smaller than the batch, which queues the rest where no client sees it.
+    # waits to be admitted (a long prompt's prefill, between one answer and the next: 7.9 of 12 for the target
+    # alone), and capped by a max_num_seqs or a KV cache smaller than the batch, which queues the rest where no
+    # client sees it; judged against the target alone's at the same point (:func:`hold`).
     running: float | None = None
-    # The most it ran at once: a max_num_seqs or KV cache below the concurrency never reaches it, where the mean
-    # also dips while requests wait for their prefill.
-    peak_running: float | None = None
+    peak_running: float | None = None  # the most it ran at once (shown, never judged: one reading decides it)
     readings: int = 0  # of the engine's running requests
     dispatched: int = 0  # prompts sent (a prompt's turns, one after another, are one)
     verify_steps: int | None = None  # SGLang: target steps of the completed requests (per-request counts)
     completed_tokens: int | None = None  # tokens of the completed requests
+    tokens_counted: str = TOKENS_COUNTED["vllm"]  # how the window's tokens were counted (:data:`TOKENS_COUNTED`)
+    requests_with_tools: int = 0  # requests inside the window sent with their prompt's tools
+    tool_calls: int = 0  # tool calls the target made in them (a target that makes none answers tool prompts in text)
 
     @property
     def held(self) -> bool:
-        """The client kept the concurrency in flight and, where the engine was read often enough
-        (:data:`PEAK_READINGS`), it ran that many at once."""
-        peak = self.peak_running if self.readings >= PEAK_READINGS else None
-        return all(figure >= HELD * self.concurrency for figure in (self.in_flight, peak) if figure is not None)
+        """The client kept the concurrency in flight (the engine's side is the method's against the target
+        alone's, :func:`hold`: its own mean sits below the concurrency while prompts prefill)."""
+        return self.in_flight >= HELD * self.concurrency
 
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
                 "window_s": round(self.window_s, 3), "mean_in_flight": round(self.in_flight, 2),
                 "mean_running": None if self.running is None else round(self.running, 2),
                 "peak_running": self.peak_running, "readings": self.readings, "held": self.held,
-                "repeats": round(self.dispatched / self.prompts, 2),
+                "repeats": round(self.dispatched / self.prompts, 2), "tokens_counted": self.tokens_counted,
+                "requests_with_tools": self.requests_with_tools, "tool_calls": self.tool_calls,
                 "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
 
 
@@ -168,40 +197,79 @@ def mean_in_flight(spans: list[tuple[float, float | None]], start: float, end: f
 
 
 async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int,
-                  engine: str = "vllm", drafting: bool = False) -> tuple[SetRun, dict, dict]:
+                  engine: str = "vllm", drafting: bool = False, rounds: int = FULL_ROUNDS,
+                  tool_rendering: str = "template") -> tuple[SetRun, dict, dict]:
     """Hold ``concurrency`` requests in flight over the set (cycled to :func:`requests_for`), each prompt's
-    turns answered in order, and time the window where the batch is full (:class:`SetRun`). Returns the run
-    and the engine's counters at the window's start and end."""
+    turns answered in order, and time the window where the batch is full (:class:`SetRun`). A window that has
+    read the engine fewer than :data:`MIN_READINGS` times when the set is sent is sent one more round of the
+    concurrency at a time (up to :data:`MAX_ROUNDS`), so that its running mean is read, never skipped. On SGLang
+    nothing is cut: the round is timed to its last answer (:data:`TOKENS_COUNTED`), its in-flight mean still read
+    while the batch was full. A prompt with tools sends them on every request (``tool_choice: auto``) and its
+    calls get the dataset's results, as generation gives them; the run counts the calls the target made.
+    Returns the run and the engine's counters at the window's start and end."""
     root = root_of(base_url)
     per_request = drafting and engine == "sglang"  # SGLang's per-request target steps (never a running mean)
+    cut = TOKENS_COUNTED[engine] == "engine counter"  # else every request runs to its answer (TOKENS_COUNTED)
     body = {**sampling, **({"return_meta_info": True} if per_request else {})}
     client = ChatClient(base_url, model, request_timeout_s=3600, retry=RetryPolicy(max_attempts=2),
                         max_connections=concurrency)
-    queue = [prompts[i % len(prompts)] for i in range(requests_for(len(prompts), concurrency))]
+    queue = [prompts[i % len(prompts)] for i in range(requests_for(len(prompts), concurrency, rounds))]
     queue.reverse()  # popped from the end: in the set's order
     spans: list[tuple[float, float | None]] = []
-    done = {"requests": 0, "tokens": 0, "steps": 0}
+    done = {"requests": 0, "tokens": 0, "steps": 0, "requests_with_tools": 0, "tool_calls": 0}
     closed = asyncio.Event()  # the first worker out of work: from then on fewer than `concurrency` are in flight
     failures: list[Exception] = []
     running: list[float] = []
     total = len(queue)
+    unread = asyncio.Event()  # the engine serves no running gauge: no round added would read it
+
+    def another_round() -> bool:
+        """One more round of the concurrency (the set still cycled in order) while the engine is read too
+        few times to judge."""
+        nonlocal total
+        if queue or closed.is_set() or unread.is_set() or len(running) >= MIN_READINGS \
+                or total >= MAX_ROUNDS * concurrency:
+            return bool(queue)
+        queue[:0] = [prompts[i % len(prompts)] for i in range(total + concurrency - 1, total - 1, -1)]
+        total += concurrency
+        return True
+
+    async def ask(messages: list[dict], p: Prompt) -> list[dict] | None:
+        """One request, its answer added to ``messages`` and counted where the window counts it; returns the
+        model's tool calls (a prompt without tools is sent none, so it makes none)."""
+        spans.append((time.monotonic(), None))
+        at = len(spans) - 1
+        result = await ask_with_tools(client, messages, p, body, tool_rendering)
+        spans[at] = (spans[at][0], time.monotonic())
+        calls = result.tool_calls if p.tools else None
+        messages.append(assistant_message(result, tool_rendering == "text"))
+        if not cut or not closed.is_set():
+            done["requests"] += 1
+            done["tokens"] += result.completion_tokens
+            done["steps"] += result.verify_steps or 0
+            done["requests_with_tools"] += bool(p.tools)
+            done["tool_calls"] += len(calls or [])
+        return calls
+
+    async def converse(p: Prompt) -> None:
+        """A prompt's turns in order, each user turn's calls answered with the dataset's results as generation
+        pairs them (:func:`~draftsmith.generation.generate.pair_calls`); a call with no result to pair ends the
+        prompt (its next turn would follow an unanswered call)."""
+        messages: list[dict] = [{"role": "system", "content": p.system}] if p.system else []
+        stretches = p.tool_steps or []
+        for index, turn in enumerate(p.turns):
+            messages.append({"role": "user", "content": turn})
+            steps = list(stretches[index]) if index < len(stretches) else []
+            while calls := await ask(messages, p):
+                unpaired, results = pair_calls(calls, steps)
+                if unpaired:
+                    return
+                messages += results
 
     async def worker() -> None:
         try:
-            while queue:
-                p = queue.pop()
-                messages: list[dict] = [{"role": "system", "content": p.system}] if p.system else []
-                for turn in p.turns:
-                    messages.append({"role": "user", "content": turn})
-                    spans.append((time.monotonic(), None))
-                    at = len(spans) - 1
-                    result = await client.chat(messages, body)
-                    spans[at] = (spans[at][0], time.monotonic())
-                    messages.append({"role": "assistant", "content": result.content})
-                    if not closed.is_set():
-                        done["requests"] += 1
-                        done["tokens"] += result.completion_tokens
-                        done["steps"] += result.verify_steps or 0
+            while another_round():
+                await converse(queue.pop())
         except Exception as err:  # raised below, once the other requests are cut
             failures.append(err)
         closed.set()
@@ -214,7 +282,9 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
             while True:
                 await asyncio.sleep(SAMPLE_S)
                 reading = (await counters()).get("running")
-                if reading is not None and not closed.is_set():
+                if reading is None:
+                    unread.set()
+                elif not closed.is_set():
                     running.append(reading)
 
         before = await counters()
@@ -223,8 +293,12 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         sampler = asyncio.create_task(sample())
         try:
             await closed.wait()
+            full_until = time.monotonic()  # the batch full until here (the in-flight mean's window)
+            if not cut:
+                await asyncio.gather(*workers)
             after = await counters()
             end = time.monotonic()
+            full_until = end if cut else full_until
         finally:
             for task in (*workers, sampler):
                 task.cancel()
@@ -236,9 +310,10 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     generated = after.get("generated")
     run = SetRun(len(prompts), concurrency, len(spans), done["requests"],
                  int(generated - before.get("generated", 0.0)) if generated is not None else done["tokens"],
-                 end - start, mean_in_flight(spans, start, end), statistics.fmean(running) if running else None,
-                 max(running, default=None), len(running), total - len(queue),
-                 done["steps"] if per_request else None, done["tokens"])
+                 end - start, mean_in_flight(spans, start, full_until),
+                 statistics.fmean(running) if running else None, max(running, default=None), len(running),
+                 total - len(queue), done["steps"] if per_request else None, done["tokens"], TOKENS_COUNTED[engine],
+                 done["requests_with_tools"], done["tool_calls"])
     return run, before, after
 
 
@@ -316,9 +391,29 @@ NO_PREFIX_CACHE = {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-ra
 METRICS_FLAG = {"vllm": None, "sglang": "--enable-metrics"}
 
 
-def for_measurement(spec):
+def tool_call_parser(grid: Grid, parser: str | None, server_cfg: dict) -> str | None:
+    """The target's tool-call parser (``target.tool_call_parser``) where a prompt set has tools, checked against the
+    engine's list once: vLLM refuses a request with ``tool_choice: auto`` unless its server parses tool calls
+    (``--enable-auto-tool-choice --tool-call-parser``). None where no set has tools, or where the tools reach the
+    target as text (``tokenize.tool_rendering: text``), which no parser reads."""
+    engine = grid.engine
+    with_tools = [name for name, prompts in grid.sets.items() if any(p.tools for p in prompts)]
+    if not with_tools or grid.tool_rendering == "text":
+        return None
+    if not parser:
+        raise ValueError(f"evaluation.prompt_sets.{with_tools[0]}: its prompts have tools, sent with tool_choice auto, "
+                         f"which the {engine} server answers only with the target's tool-call parser: set "
+                         "target.tool_call_parser (e.g. hermes for Qwen3)")
+    check_tool_call_parser(engine, parser, engine_args(server_cfg, engine))
+    return parser
+
+
+def for_measurement(spec, tool_call_parser: str | None = None):
     """``spec`` as a measurement serves it: every request pays its prefill, as distinct traffic does (unless
-    the user's engine flags set the cache themselves), and the engine's counters are served."""
+    the user's engine flags set the cache themselves), and the engine's counters are served; with the target's
+    ``tool_call_parser`` where a prompt set has tools (:func:`tool_call_parser`)."""
+    if tool_call_parser:
+        spec.tool_call_parser = tool_call_parser
     if not any("prefix-caching" in arg or "radix-cache" in arg for arg in spec.extra_args):
         spec.extra_args.append(NO_PREFIX_CACHE[spec.engine])
     flag = METRICS_FLAG[spec.engine]
@@ -328,17 +423,17 @@ def for_measurement(spec):
 
 
 def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str,
-            drafting: bool = True) -> dict:
+            drafting: bool = True, rounds: int = FULL_ROUNDS, tool_rendering: str = "template") -> dict:
     """Throughput of one prompt set over its full window (:func:`run_set`); on a drafting server, the
     acceptance over that window: vLLM's counters, or SGLang's target steps of each request answered in it
     (``return_meta_info``: a cell's own figure, where SGLang's ``avg_spec_accept_length`` is a mean since
     the server started)."""
-    run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting))
+    run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting,
+                                             rounds, tool_rendering))
     result = run.as_dict()
     if not run.held:
-        log.warning("%.1f requests in flight on average, the engine running at most %s of them (%d readings), "
-                    "not the %d asked: this run does not hold its concurrency", run.in_flight, run.peak_running,
-                    run.readings, concurrency)
+        log.warning("%.2f requests in flight on average, not the %d asked: this run does not hold its concurrency",
+                    run.in_flight, concurrency)
     if drafting and engine == "vllm":
         result["acceptance"] = acceptance(before, after, result["output_tokens"])
     elif drafting:
@@ -371,12 +466,14 @@ def warm_up(base_url: str, model: str, sets: dict[str, list[Prompt]], max_tokens
 
 
 def runs_at(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float], max_tokens: int,
-            seeded: bool, concurrency: int, engine: str, drafting: bool) -> list[dict]:
-    """Every (set, temperature) at one concurrency on one server."""
+            seeded: bool, concurrency: int, engine: str, drafting: bool, rounds: int = FULL_ROUNDS,
+            tool_rendering: str = "template") -> list[dict]:
+    """Every (set, temperature) at one concurrency on one server, each sent as at least ``rounds`` rounds."""
     runs = []
     for name, prompts in sets.items():
         for t in temperatures:
-            measured = measure(base_url, model, prompts, sampling(max_tokens, t, seeded), concurrency, engine, drafting)
+            measured = measure(base_url, model, prompts, sampling(max_tokens, t, seeded), concurrency, engine,
+                               drafting, rounds, tool_rendering)
             log.info("%s T=%s at concurrency %d: %s", name, t, concurrency, measured)
             runs.append({"set": name, "temperature": t, "prompts": len(prompts), **measured})
     return runs
@@ -392,6 +489,14 @@ class Grid:
     concurrencies: list[int]
     seeded: bool
     engine: str
+    tool_rendering: str = "template"  # tokenize.tool_rendering: how a set's tools reach the target
+
+
+def grid_of(evaluation: dict, tool_rendering: str, base_dir: Path) -> Grid:
+    """The grid of a job's ``evaluation`` settings, seeded where the machine has an accelerator (vLLM-CPU samples
+    unseeded), its sets' tools reaching the target as ``tool_rendering`` says (``tokenize.tool_rendering``)."""
+    return Grid(prompt_sets(evaluation, base_dir), evaluation["temperatures"], evaluation["max_tokens"],
+                evaluation["concurrency"], compute.has_accelerator(), evaluation["engine"], tool_rendering)
 
 
 # What a server that will not start, dies, or stops answering raises: that cell fails, not the grid.
@@ -413,14 +518,22 @@ def our_fault(err: Exception) -> bool:
 
 def machine_fault(err: Exception, returncode: int | None = None) -> str | None:
     """Why a serving failure is the machine's and not the served method's, or None: a server that did not
-    come up within ``server.startup_timeout_s`` (slow storage, a busy node), or one that a signal ended (the
+    come up within ``server.startup_timeout_s`` (slow storage, a busy node), one that a signal ended (the
     OOM killer, a scheduler) before or while serving (``returncode``: the server's exit code when the failure
-    came mid-run). An engine that refuses the drafter at start-up, or errors while drafting, is the method's."""
+    came mid-run), one whose log shows the machine's failure (:func:`~draftsmith.generation.server.failure_cause`,
+    once its starts are spent: :func:`_start_with_retries`), or what :func:`serving` found. An engine that
+    refuses the drafter at start-up, runs out of CUDA memory on GPUs no other process held, or errors while
+    drafting, is the method's."""
+    if isinstance(err, MachineFault):
+        return err.why
     if isinstance(err, StartupTimeout):
         return "the server did not come up within server.startup_timeout_s"
     exited = err.returncode if isinstance(err, ServerExited) else returncode
     if ended_by_signal(exited):
         return f"a signal ended the server (exit code {exited}: the OOM killer, a scheduler or an operator)"
+    cause = err.cause() if isinstance(err, ServerExited) else None
+    if cause is not None and cause != CUDA_OOM:
+        return f"its log shows {cause}"
     return None
 
 
@@ -434,6 +547,15 @@ class NotTheMethod(ServerError):
     would leave the method out for good; raised, the job fails and a rerun measures it again."""
 
 
+class MachineFault(ServerError):
+    """A server failed for the machine's reason ``why`` (its starts spent, :func:`_start_with_retries`, or its engine
+    killed while serving, :func:`serving`), before any caller named what it served."""
+
+    def __init__(self, why: str, message: str):
+        super().__init__(f"{why}: {message}")
+        self.why = why
+
+
 def raise_unless_the_methods(err: Exception, what: str, returncode: int | None = None) -> None:
     """Raise a serving failure that is draftsmith's or the config's (a 4xx) or the machine's; return when it may
     be the served method's own, to be recorded as such."""
@@ -445,15 +567,121 @@ def raise_unless_the_methods(err: Exception, what: str, returncode: int | None =
             from err
 
 
+# A server whose start fails for the machine's reason (its log, :func:`~draftsmith.generation.server.failure_cause`)
+# is started this many times in all before the failure is the job's (the machine's) or, GPU memory freed and
+# still short, the method's.
+START_TRIES = 3
+RETRY_WAIT_S = 30.0  # before a hub, or a host that killed the engine, is tried again (times the tries so far)
+PORT_WAIT_S = 1.0  # a port taken between choosing it and binding it: the next start chooses another
+GPU_FREE_WAIT_S = 300.0  # how long the previous server's GPU memory is waited for before a start is tried again
+GPU_POLL_S = 5.0
+
+
+def gpu_memory_held() -> int | None:
+    """MiB of GPU memory that other processes hold on this job's GPUs (``CUDA_VISIBLE_DEVICES``), by
+    ``nvidia-smi``'s compute apps; None where it cannot say (no nvidia-smi, another accelerator)."""
+    import os
+    import subprocess
+
+    command = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        command.append(f"--id={os.environ['CUDA_VISIBLE_DEVICES']}")
+    try:
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    try:
+        rows = [[int(field) for field in line.split(",")] for line in listed.splitlines() if line.strip()]
+    except ValueError:  # "[N/A]" where the driver does not say
+        return None
+    return sum(used for pid, used in rows if pid != os.getpid())
+
+
+def wait_for_gpu_memory(held: Callable[[], int | None] | None = None, sleep: Callable[[float], None] | None = None,
+                        timeout_s: float = GPU_FREE_WAIT_S) -> bool | None:
+    """Wait until no other process holds memory on this job's GPUs (a previous server's, returned seconds after
+    it exits); True once none does, False if some still does after ``timeout_s``, None where it cannot tell."""
+    held, sleep, waited = held or gpu_memory_held, sleep or time.sleep, 0.0
+    while (used := held()) is not None:
+        if used == 0:
+            return True
+        if waited >= timeout_s:
+            return False
+        sleep(GPU_POLL_S)
+        waited += GPU_POLL_S
+    return None
+
+
+def _start_with_retries(stack: ExitStack, server: Callable[[], AbstractContextManager],
+                        sleep: Callable[[float], None] | None = None,
+                        gpu_free: Callable[[], bool | None] | None = None):
+    """``server()`` entered on ``stack``, started again (up to :data:`START_TRIES` in all) while it exits at start
+    for the machine's reason its log shows: GPU memory (waited for until the previous server's is returned), a
+    port race, the hub, an engine process killed. Spent, the last failure is raised as a :class:`MachineFault`.
+    A CUDA out-of-memory on a start made once no other process held the GPUs' memory is raised as it is, at once:
+    the method's (its drafter does not fit)."""
+    sleep = sleep or time.sleep
+    gpu_free = gpu_free or (lambda: wait_for_gpu_memory(sleep=sleep))
+    freed: bool | None = None
+    for attempt in range(1, START_TRIES + 1):
+        try:
+            return stack.enter_context(server())
+        except ServerExited as err:
+            cause = err.cause()
+            if cause is None or (cause == CUDA_OOM and freed):  # out of a GPU no other process held: its own
+                raise
+            if attempt == START_TRIES:
+                held = " (other processes still held its GPUs' memory)" if cause == CUDA_OOM and freed is False \
+                    else ""
+                raise MachineFault(f"the server's log shows {cause} at each of {START_TRIES} starts{held}",
+                                   failure_of(err)) from err
+            log.warning("the server exited at start, its log showing %s: started again (%d of %d)", cause,
+                        attempt + 1, START_TRIES)
+            if cause in (MEMORY_HELD, CUDA_OOM):
+                freed = gpu_free()
+                if freed is None:
+                    sleep(RETRY_WAIT_S)
+            else:
+                sleep(PORT_WAIT_S if cause == PORT_TAKEN else RETRY_WAIT_S * attempt)
+    raise AssertionError("unreachable")  # the last try returns or raises
+
+
+def died_of_the_machine(running) -> str | None:
+    """Why a server that ended while serving ended by the machine's doing, as its log shows it (its engine process
+    killed: vLLM's API server then exits with 1, not with the signal), or None."""
+    if exit_code(running) is None or not hasattr(running, "cause"):
+        return None
+    cause = running.cause()
+    return f"its log shows {cause} while it served" if cause == ENGINE_KILLED else None
+
+
+@contextmanager
+def serving(server: Callable[[], AbstractContextManager], current: dict,
+            sleep: Callable[[float], None] | None = None,
+            gpu_free: Callable[[], bool | None] | None = None) -> Iterator:
+    """A server from ``server()``, its start retried for the machine's failures (:func:`_start_with_retries`) and
+    itself in ``current["server"]``; a serving failure after the machine ended it (:func:`died_of_the_machine`)
+    is raised as a :class:`MachineFault`, so that it fails the job and records nothing."""
+    try:
+        with ExitStack() as stack:
+            current["server"] = _start_with_retries(stack, server, sleep, gpu_free)
+            yield current["server"]
+    except SERVING_FAILURES as err:
+        why = died_of_the_machine(current.get("server"))
+        if why and not isinstance(err, MachineFault):
+            raise MachineFault(why, failure_of(err)) from err
+        raise
+
+
 def _started(grid: Grid, model: str, server: Callable[[], AbstractContextManager], starts: list[float],
              current: dict) -> AbstractContextManager:
-    """A fresh server, warmed up, its start-up time appended to ``starts`` and itself in ``current``."""
+    """A fresh server (:func:`serving`), warmed up, its start-up time (its retries' included) appended to
+    ``starts`` and itself in ``current``."""
 
     @contextmanager
     def started() -> Iterator:
         begun = time.monotonic()
-        with server() as running:
-            current["server"] = running
+        with serving(server, current) as running:
             starts.append(round(time.monotonic() - begun, 1))
             warm_up(running.base_url, model, grid.sets, grid.max_tokens)
             yield running
@@ -464,8 +692,8 @@ def _started(grid: Grid, model: str, server: Callable[[], AbstractContextManager
 def exit_code(running) -> int | None:
     """How a started server had ended when draftsmith stopped it (:class:`RunningServer`), None if it still ran
     then (or none was started): read after its context closed, its own exit code would be draftsmith's signal.
-    An OOM kill of vLLM's engine process, not of the API server, shows as the API server's error exit: the
-    method's, as far as this can tell."""
+    An OOM kill of vLLM's engine process, not of the API server, shows as the API server's error exit, which
+    its log tells apart (:func:`died_of_the_machine`)."""
     return getattr(running, "exited_before_stop", None)
 
 
@@ -477,7 +705,15 @@ def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContex
         with _started(grid, model, server, starts, current) as running:
             for c in grid.concurrencies:
                 runs[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
-                                  grid.seeded, c, grid.engine, drafting=False)
+                                  grid.seeded, c, grid.engine, drafting=False,
+                                  tool_rendering=grid.tool_rendering)
+                if not all(r.get("held", True) for r in runs[c]):  # the target alone's own hold: once more, longer
+                    log.warning("the target alone did not hold concurrency %d: measured again at %d rounds", c,
+                                RETRY_ROUNDS * FULL_ROUNDS)
+                    runs[c] = [{**r, "remeasured": True} for r in runs_at(
+                        running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
+                        grid.engine, drafting=False, rounds=RETRY_ROUNDS * FULL_ROUNDS,
+                        tool_rendering=grid.tool_rendering)]
     except SERVING_FAILURES as err:
         if our_fault(err):
             raise
@@ -488,13 +724,45 @@ def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContex
             "server_start_s": starts}
 
 
+def hold(run: dict, base: dict, concurrency: int) -> str | None:
+    """Why a method's run did not hold ``concurrency``, or None: its client kept fewer in flight, the target
+    alone's at the same point did (its speed-up divides by a window that was not at the concurrency), or its
+    engine ran under :data:`HELD` of what the target alone's ran there (a KV cache or max_num_seqs that queues
+    the rest: the target alone's mean, below the concurrency while prompts prefill, is the measure, not the
+    concurrency). Runs with no engine reading (an engine with no running gauge) are judged by the client."""
+    if not run.get("held", True):
+        return f"{run['mean_in_flight']:.2f} requests in flight on average, of {concurrency}"
+    if not base.get("held", True):
+        return f"the target alone held {base['mean_in_flight']:.2f} requests in flight on average, of {concurrency}"
+    ours, alone = run.get("mean_running"), base.get("mean_running")
+    if ours is not None and alone and ours < HELD * alone:
+        return (f"its engine ran {ours:.2f} requests on average, {ours / alone:.2f}x the target alone's {alone:.2f} "
+                f"({run.get('readings', 0)} and {base.get('readings', 0)} readings)")
+    return None
+
+
+def against(runs: list[dict], base_runs: list[dict], concurrency: int) -> list[dict]:
+    """``runs`` with their speed-ups over the target alone's at the same point, and whether each held
+    (:func:`hold`: ``held``, ``held_why``, and ``running_vs_target``, its engine's mean over the target's)."""
+    for run, base in zip(runs, base_runs, strict=True):
+        run["baseline_tok_s"] = base["output_tok_s"]
+        run["speedup"] = run["output_tok_s"] / base["output_tok_s"] \
+            if base["output_tok_s"] and run["output_tok_s"] else None
+        why = hold(run, base, concurrency)
+        ours, alone = run.get("mean_running"), base.get("mean_running")
+        run["running_vs_target"] = round(ours / alone, 3) if ours is not None and alone else None
+        run["held"], run["held_why"] = why is None, why
+    return runs
+
+
 def measure_cells(grid: Grid, model: str, baseline: list[dict],
                   cells: dict[tuple[str, int], Callable[[], AbstractContextManager]]) -> dict:
     """Each ``(drafter label, draft length)`` of ``cells`` on its own server at every point of ``grid``, one
     server at a time, each speed-up divided by ``baseline`` (:func:`measure_baseline`'s) at the same point.
     A server that fails by the method's doing (an engine that refuses the drafter, or errors drafting) fails
     its cells, recorded with why, and the others are still measured; one that fails by the machine's
-    (:func:`machine_fault`) fails the job, so a rerun tries again."""
+    (:func:`machine_fault`) fails the job, so a rerun tries again. A point that did not hold (:func:`hold`) is
+    measured once more at :data:`RETRY_ROUNDS` times the rounds before it is recorded as it held."""
     by_point = {c["concurrency"]: c["runs"] for c in baseline}
     window, starts, measured = [time.time(), None], [], []
     for (label, k), server in cells.items():
@@ -502,12 +770,16 @@ def measure_cells(grid: Grid, model: str, baseline: list[dict],
         try:
             with _started(grid, model, server, starts, current) as running:
                 for c in grid.concurrencies:
-                    runs = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
-                                   grid.seeded, c, grid.engine, drafting=True)
-                    for run, base in zip(runs, by_point[c], strict=True):
-                        run["baseline_tok_s"] = base["output_tok_s"]
-                        run["speedup"] = run["output_tok_s"] / base["output_tok_s"] \
-                            if base["output_tok_s"] and run["output_tok_s"] else None
+                    runs = against(runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
+                                           grid.seeded, c, grid.engine, drafting=True,
+                                           tool_rendering=grid.tool_rendering), by_point[c], c)
+                    if not all(r["held"] for r in runs):
+                        log.warning("%s k=%d did not hold concurrency %d (%s): measured again at %d rounds", label, k,
+                                    c, next(r["held_why"] for r in runs if not r["held"]), RETRY_ROUNDS * FULL_ROUNDS)
+                        runs = [{**r, "remeasured": True} for r in against(runs_at(
+                            running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
+                            grid.engine, drafting=True, rounds=RETRY_ROUNDS * FULL_ROUNDS,
+                            tool_rendering=grid.tool_rendering), by_point[c], c)]
                     done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
         except SERVING_FAILURES as err:
             raise_unless_the_methods(err, f"{label} k={k}", exit_code(current.get("server")))

@@ -13,9 +13,11 @@ drafts only where it finds a match is counted like a drafter that always drafts)
 - At each concurrency the best cell of all, plain serving (the target alone: speed-up 1, one token per
   step) among them, with its margin over the best cell of another method, the best trained and the best
   training-free one, and what training bought (the trained drafter's tokens per target step over the best
-  training-free method's). A cell whose runs did not hold their concurrency (requests in flight averaged
-  under :data:`~draftsmith.evaluation.evaluate.HELD` of it, or the engine's peak below it:
-  :attr:`~draftsmith.evaluation.evaluate.SetRun.held`) is not ranked at a concurrency it did not hold.
+  training-free method's). A cell whose runs did not hold their concurrency (:func:`~draftsmith.evaluation.
+  evaluate.hold`: the client's requests in flight, the target alone's, or an engine that ran under
+  :data:`~draftsmith.evaluation.evaluate.HELD` of the target alone's) stands for a method only where none of its
+  draft lengths held there; it is then ranked at what it delivered, with why it did not hold, and a concurrency
+  where no method held says so (``nothing_held``) rather than that plain serving won.
 - Where the target alone, at one concurrency, set and temperature, read speeds more than
   :data:`LOAD_TOLERANCE` apart in the windows of different methods, the machine's load changed between
   them: the speed-ups at that concurrency compare windows as much as methods, and the entry says so. That
@@ -23,7 +25,8 @@ drafts only where it finds a match is counted like a drafter that always drafts)
   (:func:`draftsmith.core.platform.ranking_figure`), which load does not touch, so no pick rests on them.
 - ``results/drafter/`` is the trained family whose best cell at ``evaluation.pick_at`` is best. A family
   the engine cannot serve here, or whose export or gate failed, has no figure and is left out with its
-  reason; the pick fails only when no family was measured. A tie goes to the family listed first.
+  reason; the pick fails only when no family was measured (never for a cell that did not hold: it decides on
+  what was measured and names the cell). A tie goes to the family listed first.
 """
 
 from __future__ import annotations
@@ -58,10 +61,18 @@ def score(runs: list[dict], pick_by: str) -> float | None:
 
 
 def figures(cell: dict) -> dict:
-    """A cell's speed-up, tokens per target step and τ (vLLM's pooled per draft), over its runs."""
+    """A cell's speed-up, tokens per target step and τ (vLLM's pooled per draft), over its runs, and the
+    requests its engine ran on average, pooled over them (where the schedule's band starts)."""
     taus = [(r.get("acceptance") or {}).get("tau_pooled") for r in cell["runs"]]
     return {"speedup": score(cell["runs"], "speedup"), "tokens_per_step": score(cell["runs"], "tau"),
-            "tau": sum(taus) / len(taus) if taus and None not in taus else None}
+            "tau": sum(taus) / len(taus) if taus and None not in taus else None,
+            "mean_running": mean_running(cell["runs"])}
+
+
+def mean_running(runs: list[dict]) -> float | None:
+    """The engine's running requests averaged over ``runs`` (None where a run has no reading)."""
+    values = [r.get("mean_running") for r in runs]
+    return sum(values) / len(values) if values and None not in values else None
 
 
 def label_of(evaluation: dict) -> str:
@@ -74,49 +85,112 @@ def held(cell: dict) -> bool:
     return all(r.get("held", True) for r in cell["runs"])
 
 
+def held_why(cell: dict) -> str | None:
+    """Why the cell did not hold (its first run that did not), or None."""
+    return next((r.get("held_why") or "did not hold its concurrency" for r in cell["runs"]
+                 if not r.get("held", True)), None)
+
+
 def best_cell(evaluation: dict, concurrency: int, pick_by: str) -> dict | None:
-    """The method's best draft length at ``concurrency`` (the first listed on a tie), with its figures."""
+    """The method's best draft length at ``concurrency`` (the first listed on a tie), with its figures: among
+    the cells that held there, or, where none did, among those measured, said so (``held``, ``held_why``)."""
     cells = [c for c in evaluation.get("cells", []) if c["concurrency"] == concurrency
-             and c["drafter"] == label_of(evaluation) and held(c)]
+             and c["drafter"] == label_of(evaluation)]
     scored = [(score(c["runs"], pick_by), i, c) for i, c in enumerate(cells)]
     scored = [s for s in scored if s[0] is not None]
+    scored = [s for s in scored if held(s[2])] or scored
     if not scored:
         return None
     value, _, cell = max(scored, key=lambda s: (s[0], -s[1]))
     return {"method": evaluation["method"], "trained": bool(evaluation.get("trained")), "k": cell["k"],
-            "concurrency": concurrency, "score": value, **figures(cell)}
+            "concurrency": concurrency, "score": value, **figures(cell), "held": held(cell),
+            "held_why": held_why(cell)}
 
 
-def plain_cell(concurrency: int) -> dict:
-    """Plain serving as a setting of the ranking: the target alone, against which every speed-up is taken."""
+def plain_cell(concurrency: int, running: float | None = None) -> dict:
+    """Plain serving as a setting of the ranking: the target alone, against which every speed-up is taken
+    (``running``: its engine's mean running requests there)."""
     return {"method": PLAIN, "trained": False, "k": 0, "concurrency": concurrency, "score": 1.0, "speedup": 1.0,
-            "tokens_per_step": 1.0, "tau": None}
+            "tokens_per_step": 1.0, "tau": None, "mean_running": running, "held": True, "held_why": None}
+
+
+def baseline_running(evaluations: dict[str, dict], concurrency: int) -> float | None:
+    """The target alone's engine running mean at ``concurrency``, pooled over every method's baseline runs."""
+    runs = [r for e in evaluations.values() for point in e.get("baseline", []) if point["concurrency"] == concurrency
+            for r in point["runs"]]
+    return mean_running(runs)
 
 
 def serving(evaluations: dict[str, dict], concurrencies: list[int], pick_by: str) -> list[dict]:
     """Per concurrency: every method's best cell and plain serving, ranked by ``pick_by`` (plain serving
     first on a tie: a method that merely draws level is not worth serving; methods in the listed order),
     the best with its margin over the next method, the best trained against the best training-free one, and
-    the windows whose target alone disagreed (:func:`load_changes`)."""
+    the windows whose target alone disagreed (:func:`load_changes`). A cell that did not hold is ranked at what it
+    delivered and listed in ``not_held``; where none held, ``nothing_held``: plain serving did not win there."""
     changes = load_changes(evaluations)
     out = []
     for c in concurrencies:
         best = [cell for e in evaluations.values() if (cell := best_cell(e, c, pick_by))]
         measured = bool(best)
-        ranked = sorted([plain_cell(c), *best] if measured else [], key=lambda cell: -cell["score"])  # stable
-        entry: dict = {"concurrency": c, "ranked": ranked, "best": ranked[0] if ranked else None}
+        ranked = sorted([plain_cell(c, baseline_running(evaluations, c)), *best] if measured else [],
+                        key=lambda cell: -cell["score"])  # stable
+        entry: dict = {"concurrency": c, "ranked": ranked, "best": ranked[0] if ranked else None,
+                       "not_held": [{"method": cell["method"], "k": cell["k"], "why": cell["held_why"]}
+                                    for cell in best if not cell["held"]],
+                       "nothing_held": measured and not any(cell["held"] for cell in best)}
         if len(ranked) > 1:
             entry["runner_up"] = ranked[1]
             entry["margin"] = ranked[0]["score"] / ranked[1]["score"] - 1
         trained = next((cell for cell in ranked if cell["trained"]), None)
         free = next((cell for cell in ranked if not cell["trained"] and cell["method"] != PLAIN), None)
         entry["best_trained"], entry["best_training_free"] = trained, free
-        entry["plain_wins"] = bool(ranked and ranked[0]["method"] == PLAIN)
+        entry["plain_wins"] = bool(ranked and ranked[0]["method"] == PLAIN and not entry["nothing_held"])
         entry["training_free_wins"] = bool(free and ranked[0] is free and trained)
         if trained and free and trained["tokens_per_step"] and free["tokens_per_step"]:
             entry["training_bought"] = trained["tokens_per_step"] / free["tokens_per_step"] - 1
         entry["load_changed"] = [change for change in changes if change["concurrency"] == c]
         out.append(entry)
+    return out
+
+
+def of_sets(evaluation: dict, sets: set[str]) -> dict:
+    """``evaluation`` as if only ``sets`` had been measured: each cell's and each baseline point's runs of those
+    sets (runs carry their set)."""
+    def keep(runs: list[dict]) -> list[dict]:
+        return [r for r in runs if r["set"] in sets]
+
+    return {**evaluation, "cells": [{**c, "runs": keep(c["runs"])} for c in evaluation.get("cells", [])],
+            "baseline": [{**p, "runs": keep(p["runs"])} for p in evaluation.get("baseline", [])]}
+
+
+def serving_by_workload(evaluations: dict[str, dict], concurrencies: list[int], pick_by: str,
+                        workloads: dict[str, str]) -> dict[str, list[dict]]:
+    """:func:`serving` per workload (``workloads``: each prompt set's), each ranked on its own sets' runs alone:
+    the recipe for agent traffic need not be the one for chat. Empty with fewer than two workloads, where the
+    pooled ranking is the only one."""
+    sets: dict[str, set[str]] = {}
+    for name, workload in workloads.items():
+        sets.setdefault(workload, set()).add(name)
+    if len(sets) < 2:
+        return {}
+    return {workload: serving({m: of_sets(e, names) for m, e in evaluations.items()}, concurrencies, pick_by)
+            for workload, names in sets.items()}
+
+
+def tool_use(evaluations: dict[str, dict]) -> dict[str, dict]:
+    """Per prompt set sent with tools: the requests that carried them and the tool calls the target made in
+    them, over every window measured (a baseline shared by every method counted once). Sets without tools,
+    and runs from before calls were counted, are left out."""
+    runs = [r for e in evaluations.values() for c in e.get("cells", []) for r in c["runs"]]
+    shared = [e for e in evaluations.values() if e.get("baseline_shared")][:1]
+    for e in [*(e for e in evaluations.values() if not e.get("baseline_shared")), *shared]:
+        runs += [r for point in e.get("baseline", []) for r in point["runs"]]
+    out: dict[str, dict] = {}
+    for run in runs:
+        if run.get("requests_with_tools"):
+            counts = out.setdefault(run["set"], {"requests_with_tools": 0, "tool_calls": 0})
+            counts["requests_with_tools"] += run["requests_with_tools"]
+            counts["tool_calls"] += run.get("tool_calls", 0)
     return out
 
 
@@ -174,7 +248,8 @@ def summary(family: str, evaluation: dict, training: dict, drafter_bytes: int, p
         return {**row, "served": False, "excluded": "failed" if failed else "not measured", "best": None,
                 "score": None, "runs": [],
                 "reason": failed[0] if failed else f"no {FIGURES[pick_by]} measured at concurrency {pick_at}"}
-    return {**row, "served": True, "best": best, "score": best["score"], "runs": cell_runs(evaluation, best)}
+    return {**row, "served": True, "best": best, "score": best["score"], "runs": cell_runs(evaluation, best),
+            "held": best["held"], "held_why": best["held_why"]}
 
 
 def cell_runs(evaluation: dict, best: dict) -> list[dict]:
@@ -191,6 +266,8 @@ def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
     best = ranked[0]
     k = best["best"]["k"]
     name, at = FIGURES[pick_by], f"at concurrency {pick_at}, {k} draft token{'' if k == 1 else 's'}"
+    if not best.get("held", True):  # decided on what was measured, the cell named
+        at += f" (a cell that did not hold concurrency {pick_at}: {best['held_why']}; measured as it ran)"
     if len(ranked) == 1:
         others = [f"{r['family']} ({r.get('excluded') or 'not measured'})" for r in rows if r is not best]
         return best["family"], (f"{name} {best['score']:.3f} {at}, the only family measured"
@@ -202,17 +279,20 @@ def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
 
 
 def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: str, concurrencies: list[int],
-            pick_by: str, pick_at: int, ngram: dict) -> dict:
+            pick_by: str, pick_at: int, ngram: dict, workloads: dict[str, str] | None = None) -> dict:
     """``results/evaluation/results.json``: the pick, the serving table per concurrency, every family's row,
-    every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows)."""
+    every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows); with
+    ``workloads`` (each prompt set's) of two or more kinds, the serving table per workload too."""
     winner, first = next(r for r in rows if r["family"] == chosen), evaluations[chosen]  # measured: it won
+    by_workload = serving_by_workload(evaluations, concurrencies, pick_by, workloads or {})
+    extra = {"workloads": workloads, "serving_by_workload": by_workload} if by_workload else {}
     return {"target": first["target"], "engine": first["engine"], "max_tokens": first["max_tokens"],
             "temperatures": first["temperatures"], "concurrency": concurrencies, "ngram": ngram,
             "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
             "on_accelerator": first.get("on_accelerator"), "device": device_of(first), "family": chosen,
             "pick": {"by": pick_by, "at": pick_at, "family": chosen, "k": winner["best"]["k"], "why": why},
             "runs": winner["runs"], "families": rows, "serving": serving(evaluations, concurrencies, pick_by),
-            "load_changed": load_changes(evaluations), "methods": evaluations}
+            "load_changed": load_changes(evaluations), "methods": evaluations, **extra}
 
 
 def device_of(evaluation: dict) -> str:

@@ -5,8 +5,14 @@ is a list of ``[first_batch, last_batch, k]`` ranges (k = 0 allowed: no drafting
 by the scheduler at every step (``vllm/v1/spec_decode/dynamic/utils.py``; ranges start at 1, do not overlap,
 and the last k carries on past the last range). The serving grid measures what that schedule needs: at each
 measured concurrency the published family's best draft length, or plain serving where the target alone is
-faster (by the figure the recipe ranks by). Each measured concurrency stands for the batch sizes up to the
-next one measured, as the model card's bands do.
+faster (by the figure the recipe ranks by).
+
+vLLM picks k from the requests scheduled in a step, which sits below the client's concurrency while requests
+wait for their prefill (an engine mean of 7.9 at concurrency 12). So each measured concurrency's band starts
+where its engine ran: the mean running count of the served cell there, pooled over the prompt sets (the
+concurrency itself where the engine was not read), up to the next band's start; the model card's bands follow
+the same edges. Batch sizes above the largest concurrency measured keep its k (vLLM needs one) and are named
+unmeasured, as is a band whose cell did not hold its concurrency (:func:`draftsmith.evaluation.pick.serving`).
 
 A schedule whose every band drafts the same k is the fixed setting the grid already measured; one that
 differs between bands is served once more and measured at every concurrency of the grid
@@ -15,6 +21,8 @@ differs between bands is served once more and measured at every concurrency of t
 
 from __future__ import annotations
 
+import math
+
 from draftsmith.evaluation import methods
 from draftsmith.evaluation.methods import PLAIN
 
@@ -22,10 +30,26 @@ from draftsmith.evaluation.methods import PLAIN
 LAST_BATCH = 1024
 
 
-def band_starts(concurrencies: list[int]) -> list[int]:
-    """The first batch size each measured concurrency stands for: 1 for the lowest, else itself."""
-    points = sorted(concurrencies)
-    return [1, *points[1:]]
+def band_starts(concurrencies: list[int], running: dict[int, float | None] | None = None) -> list[int]:
+    """The first batch size each measured concurrency stands for: 1 for the lowest, else the engine's mean
+    running count there (``running``, rounded to the nearest) or, without one, the concurrency itself; each
+    start above the one before."""
+    points, starts = sorted(concurrencies), [1]
+    for c in points[1:]:
+        engine = (running or {}).get(c)
+        starts.append(max(starts[-1] + 1, math.floor(engine + 0.5) if engine is not None else c))
+    return starts
+
+
+def served_running(serving: list[dict], family: str, ks: dict[int, int]) -> dict[int, float | None]:
+    """The engine's mean running count at each measured concurrency in the cell the schedule serves there:
+    the family's at its k, or the target alone's where it drafts nothing."""
+    out = {}
+    for entry in serving:
+        method = family if ks.get(entry["concurrency"]) else PLAIN
+        cell = next((cell for cell in entry.get("ranked", []) if cell["method"] == method), None)
+        out[entry["concurrency"]] = (cell or {}).get("mean_running")
+    return out
 
 
 def per_concurrency(serving: list[dict], family: str) -> dict[int, int]:
@@ -40,11 +64,12 @@ def per_concurrency(serving: list[dict], family: str) -> dict[int, int]:
     return out
 
 
-def ranges(ks: dict[int, int]) -> list[list[int]]:
-    """``[first_batch, last_batch, k]`` ranges from the k at each measured concurrency, neighbours with the
-    same k merged, the first from batch size 1 and the last to :data:`LAST_BATCH`."""
+def ranges(ks: dict[int, int], starts: list[int] | None = None) -> list[list[int]]:
+    """``[first_batch, last_batch, k]`` ranges from the k at each measured concurrency, each from its band's
+    start (:func:`band_starts`; the concurrencies' own without), neighbours with the same k merged, the first
+    from batch size 1 and the last to :data:`LAST_BATCH`."""
     points = sorted(ks)
-    starts = band_starts(points)
+    starts = starts or band_starts(points)
     ends = [nxt - 1 for nxt in starts[1:]] + [max(LAST_BATCH, points[-1])]
     out: list[list[int]] = []
     for start, end, c in zip(starts, ends, points, strict=True):
@@ -60,13 +85,53 @@ def build(serving: list[dict], family: str) -> dict:
     (no band drafts: serve without speculation), ``fixed`` (one k everywhere: the grid's own cells measured
     it) or ``dynamic`` (measured once more, served as one config)."""
     ks = per_concurrency(serving, family)
-    spans = ranges(ks) if ks else []
+    running = served_running(serving, family, ks)
+    starts = band_starts(list(ks), running) if ks else []
+    spans = ranges(ks, starts) if ks else []
     drafted = {k for _, _, k in spans}
     kind = "plain" if drafted <= {0} else "fixed" if len(drafted) == 1 else "dynamic"
     unmeasured = sorted(e["concurrency"] for e in serving
                         if not any(cell["method"] == family for cell in e.get("ranked", [])))
     return {"family": family, "k_at": {str(c): k for c, k in sorted(ks.items())}, "ranges": spans, "kind": kind,
-            "max_k": max(drafted, default=0), "unmeasured": unmeasured}
+            "max_k": max(drafted, default=0), "unmeasured": unmeasured,
+            "starts": {str(c): start for c, start in zip(sorted(ks), starts, strict=True)},
+            "starts_from": {str(c): "engine" if running.get(c) is not None else "concurrency" for c in sorted(ks)},
+            "running": {str(c): None if running.get(c) is None else round(running[c], 2) for c in sorted(ks)},
+            "not_held": not_held(serving, family),
+            "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None}
+
+
+def not_held(serving: list[dict], family: str) -> dict[str, str]:
+    """The measured concurrencies whose band did not hold: where the family's served cell did not, or no
+    method's did (its k there is what was measured, not what held)."""
+    out = {}
+    for entry in serving:
+        ours = next((n for n in entry.get("not_held", []) if n["method"] == family), None)
+        if entry.get("nothing_held") or ours:
+            out[str(entry["concurrency"])] = (ours or entry["not_held"][0])["why"] or "did not hold"
+    return out
+
+
+def best_single(serving: list[dict], family: str) -> dict | None:
+    """The training-free method ranked above ``family`` at every measured concurrency, at its most frequent best
+    draft length (the one best at the most bands; the larger on a tie), or None: then the family's schedule is
+    the best single config. Of several, the one ranked highest on the most bands."""
+    entries = [e for e in serving if e.get("ranked")]
+    if not entries:
+        return None
+    ahead: dict[str, list[tuple[int, int]]] = {}
+    for entry in entries:
+        ranked = entry["ranked"]
+        ours = next((i for i, cell in enumerate(ranked) if cell["method"] == family), len(ranked))
+        for i, cell in enumerate(ranked[:ours]):
+            if not cell["trained"] and cell["method"] != PLAIN:
+                ahead.setdefault(cell["method"], []).append((i, cell["k"]))
+    everywhere = {m: seen for m, seen in ahead.items() if len(seen) == len(entries)}
+    if not everywhere:
+        return None
+    method = min(everywhere, key=lambda m: sum(i for i, _ in everywhere[m]))  # ties: the first listed
+    ks = [k for _, k in everywhere[method]]
+    return {"method": method, "k": max(set(ks), key=lambda k: (ks.count(k), k))}
 
 
 def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict | None:
@@ -81,11 +146,20 @@ def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict |
 
 
 def describe(schedule: dict) -> str:
-    """The schedule in words, band by band."""
+    """The schedule in words, band by band: those that did not hold, and the batch sizes above the largest
+    concurrency measured, named unmeasured."""
     parts = []
+    above = schedule.get("unmeasured_above")  # schedules from before it was recorded: none
     for first, last, k in schedule["ranges"]:
-        batches = f"{first}+" if last >= LAST_BATCH else f"{first}" if first == last else f"{first}-{last}"
+        end = min(last, above["from"] - 1) if above else last
+        batches = f"{first}+" if end >= LAST_BATCH else f"{first}" if first == end else f"{first}-{end}"
         parts.append(f"batch {batches}: " + ("no speculation" if k == 0 else f"k={k}"))
+    if above:
+        k = above["k"]
+        parts.append(f"batch {above['from']}+: " + ("no speculation" if k == 0 else f"k={k}")
+                     + f", unmeasured (the largest concurrency measured was {above['from'] - 1})")
+    for c, why in (schedule.get("not_held") or {}).items():
+        parts.append(f"concurrency {c} did not hold ({why}): its band is unmeasured, served as it was measured")
     if schedule.get("unmeasured"):  # no speculation there is the safe setting, not one plain serving won
         parts.append(f"{schedule['family']} has no figure at concurrency "
                      f"{', '.join(map(str, schedule['unmeasured']))}: served there without speculation, unmeasured")

@@ -429,9 +429,9 @@ async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSett
         conv.messages.append({"role": "user", "content": turn})
         steps = list(stretches[index]) if index < len(stretches) else []
         while True:
-            result = await _ask(conv.messages, prompt, client, settings)
+            result = await ask(client, conv.messages, prompt, settings.request_body(), settings.tool_rendering)
             run.cost += result.cost or 0.0
-            conv.messages.append(_assistant_message(result, settings.tool_rendering == "text"))
+            conv.messages.append(assistant_message(result, settings.tool_rendering == "text"))
             conv.turns.append(_turn_record(result))
             conv.tool_calls += len(result.tool_calls or [])
             if result.finish_reason == "length":
@@ -446,18 +446,18 @@ async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSett
     return conv
 
 
-async def _ask(messages: list[dict], prompt: Prompt, client: ChatClient, settings: GenerationSettings) -> ChatResult:
-    """The request for the conversation so far: the tools as the API's field, or rendered as text."""
-    body = settings.request_body()
+async def ask(client: ChatClient, messages: list[dict], prompt: Prompt, body: dict, tool_rendering: str) -> ChatResult:
+    """The request for the conversation so far: the prompt's tools as the API's field, or rendered as text
+    (``tool_rendering``); generation and the serving grid ask alike."""
     if not prompt.tools:
         return await client.chat(messages, body)
-    if settings.tool_rendering == "text":
+    if tool_rendering == "text":
         return await client.chat(text_rendering(messages, prompt.tools), body,
                                  text_tool_calls=parse_text_tool_calls)
     return await client.chat(messages, body, tools=prompt.tools)
 
 
-def _assistant_message(result: ChatResult, as_text: bool) -> dict:
+def assistant_message(result: ChatResult, as_text: bool) -> dict:
     """The answer as the history holds it. Rendered as text, the calls stay in the content as the model
     wrote them (``text_rendering`` of the record is then what was sent), so no ``tool_calls`` key."""
     answer: dict[str, Any] = {"role": "assistant", "content": result.content}

@@ -1,0 +1,210 @@
+"""Measured per workload (issue 52, items 4 and 5): prompt sets with tools are measured with their tools and
+the target's calls counted, the recipe is ranked per workload beside the pooled one, a set the target made no
+calls on is named, and the report's data table shows what regeneration did with tools."""
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+
+from draftsmith.data.datasets import Prompt
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation import pick
+from draftsmith.evaluation.model_card import NO_TOOL_CALLS, card
+from draftsmith.evaluation.report import Inputs
+from tests import grid
+from tests.sim.tool_server import ToolSim
+from tests.test_report import GATE, GENERATION, MERGE, NGRAM, PROMPTS, TRAINING, VOCAB, card_inputs, report
+
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+         for name in ("weather", "lookup")]
+
+
+class MeteredToolSim(ToolSim):
+    """The tool-calling sim with vLLM's /metrics: the tokens it answered (no running gauge)."""
+
+    generated = 0
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        response = await super()._chat(request)
+        self.generated += json.loads(response.body)["usage"]["completion_tokens"]
+        return response
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(text=f"# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total "
+                                 f"{self.generated}\n")
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+
+def test_a_set_with_tools_is_sent_them_its_calls_answered_with_the_datasets_results_and_counted(monkeypatch):
+    """A prompt with tools sends them with tool_choice auto on every request; a call with a result in the dataset
+    gets it and the model is asked again; a call with none ends the prompt (its second turn never sent); a prompt
+    without tools is sent none. The run counts the calls and the requests that carried tools."""
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)  # the set sent once, no rounds added to read the engine
+    prompts = [Prompt("paired", ["calls=weather"], tools=TOOLS, tool_steps=[[[{"name": "weather",
+                                                                               "content": "sunny"}]]]),
+               Prompt("unpaired", ["calls=lookup", "and then?"], tools=TOOLS),
+               Prompt("plain", ["hello"])]
+    with MeteredToolSim() as sim:
+        run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", prompts, {"max_tokens": 8}, 1))
+        sent = sim.requests
+    assert [bool(b.get("tools")) for b in sent] == [True, True, True, False], sent
+    assert all(b["tool_choice"] == "auto" for b in sent if b.get("tools"))
+    answered = sent[1]["messages"]
+    assert answered[1]["tool_calls"][0]["function"]["name"] == "weather"
+    assert answered[2] == {"role": "tool", "tool_call_id": "call_0_0", "name": "weather", "content": "sunny"}
+    assert not any(m["content"] == "and then?" for b in sent for m in b["messages"])
+    assert (run.sent, run.tool_calls, run.requests_with_tools) == (4, 2, 3)
+    assert run.as_dict()["tool_calls"] == 2 and run.as_dict()["requests_with_tools"] == 3
+
+
+def test_a_set_with_tools_reaches_a_target_that_reads_them_as_text_as_generation_sent_them(monkeypatch):
+    """tokenize.tool_rendering text (a template that ignores tools): the grid sends the tools and calls as the text
+    generation trained on, no tools field, and reads the model's calls back from its answer."""
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)
+    prompts = [Prompt("paired", ["calls=weather"], tools=TOOLS, tool_steps=[[[{"name": "weather",
+                                                                               "content": "sunny"}]]])]
+    with MeteredToolSim(text=True) as sim:
+        run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", prompts, {"max_tokens": 8}, 1, tool_rendering="text"))
+        sent = sim.requests
+    assert len(sent) == 4 and not any("tools" in b for b in sent), sent  # the set sent twice (two rounds)
+    assert "<tools>" in sent[0]["messages"][0]["content"]  # the tools in the system prompt, as text
+    assert "<tool_response>" in sent[1]["messages"][-1]["content"] and "sunny" in sent[1]["messages"][-1]["content"]
+    assert run.tool_calls == 2
+
+
+def with_sets(evaluation: dict, tokens_per_step: dict[str, float]) -> dict:
+    """``evaluation`` with each set's runs at its own tokens per step (and speed-up), in every cell."""
+    for cell in evaluation["cells"]:
+        for run in cell["runs"]:
+            value = tokens_per_step.get(run["set"], run["acceptance"]["tokens_per_step"])
+            run["acceptance"]["tokens_per_step"] = run["acceptance"]["tau_pooled"] = value
+            run["speedup"] = value
+    return evaluation
+
+
+SETS = (("chat_set", 0.0), ("agent_set", 0.0))
+WORKLOADS = {"chat_set": "chat", "agent_set": "agent"}
+
+
+def evaluations() -> dict:
+    """EAGLE-3 the same on both sets; n-gram poor on chat and far ahead on the agent set, whose context repeats:
+    pooled, EAGLE-3 is best; on agent traffic, n-gram."""
+    return {"eagle3": with_sets(grid.evaluation("eagle3", {(3, 2): (1.5, 1.5)}, sets=SETS), {}),
+            "ngram": with_sets(grid.evaluation("ngram", {(3, 2): (1.2, 1.2)}, trained=False, sets=SETS),
+                               {"chat_set": 1.0, "agent_set": 1.8})}
+
+
+def results(evaluations: dict, workloads: dict | None = WORKLOADS) -> dict:
+    rows = [pick.summary(f, e, grid.training(), 3 * 2**20, "tau", 2) for f, e in evaluations.items() if e["trained"]]
+    chosen, why = pick.choose(rows, "tau", 2)
+    return pick.results(evaluations, rows, chosen, why, [2], "tau", 2, NGRAM, workloads)
+
+
+def test_the_recipe_is_ranked_per_workload_and_differs_from_the_pooled_one():
+    measured = evaluations()
+    pooled = pick.serving(measured, [2], "tau")[0]
+    by_workload = pick.serving_by_workload(measured, [2], "tau", WORKLOADS)
+    assert pooled["best"]["method"] == "eagle3"
+    assert by_workload["agent"][0]["best"]["method"] == "ngram"
+    assert by_workload["agent"][0]["best"]["tokens_per_step"] == pytest.approx(1.8)
+    assert by_workload["chat"][0]["best"]["method"] == "eagle3"
+    assert by_workload["agent"][0]["best_trained"]["tokens_per_step"] == pytest.approx(1.5)
+    written = results(measured)
+    assert written["serving_by_workload"]["agent"][0]["best"]["method"] == "ngram"
+    assert written["workloads"] == WORKLOADS
+    # one workload: the pooled ranking is the only one, and nothing more is written
+    assert "serving_by_workload" not in results(evaluations(), {"chat_set": "chat", "agent_set": "chat"})
+    assert "serving_by_workload" not in results(evaluations(), None)
+
+
+def report_inputs(results: dict, **overrides) -> Inputs:
+    return Inputs(**{"results": results, "generation": GENERATION, "prompts": PROMPTS, "merge": MERGE, "vocab": VOCAB,
+                     "training": TRAINING, "gate": GATE, **overrides})
+
+
+def test_the_card_and_the_report_give_the_recipe_per_workload_beside_the_pooled_one(tmp_path):
+    written = results(evaluations())
+    for text in (card(card_inputs(written)), report(tmp_path, report_inputs(written))):
+        section = text.split("## Recipe per workload")[1].split("\n## ")[0]
+        assert "### agent (agent_set)" in section and "### chat (chat_set)" in section
+        agent = section.split("### agent")[1].split("###")[0]
+        row = next(line for line in agent.splitlines() if line.startswith("| 2 |"))
+        # best n-gram; best trained EAGLE-3; best training-free n-gram; the pooled best EAGLE-3
+        assert row.count("n-gram") == 2 and row.count("EAGLE-3") == 2 and "1.800 tok/step" in row, row
+    alone = results(evaluations(), None)
+    assert "Recipe per workload" not in card(card_inputs(alone))
+
+
+def with_tool_counts(evaluation: dict, counts: dict[str, tuple[int, int]]) -> dict:
+    """Every run of ``evaluation`` (baseline and cells) with its set's (requests with tools, tool calls)."""
+    runs = [r for c in evaluation["cells"] for r in c["runs"]] + [r for p in evaluation["baseline"] for r in p["runs"]]
+    for run in runs:
+        run["requests_with_tools"], run["tool_calls"] = counts.get(run["set"], (0, 0))
+    return evaluation
+
+
+def test_each_tool_set_reports_its_calls_and_one_with_none_is_named_beside_its_figures(tmp_path):
+    counts = {"chat_set": (0, 0), "agent_set": (4, 0)}
+    measured = {m: with_tool_counts(e, counts) for m, e in evaluations().items()}
+    # two methods, each a cell run and a baseline run of the set
+    assert pick.tool_use(measured) == {"agent_set": {"requests_with_tools": 16, "tool_calls": 0}}
+    written = results(measured)
+    for text in (card(card_inputs(written)), report(tmp_path, report_inputs(written))):
+        section = text.split("## Tool calls")[1].split("\n## ")[0]
+        assert f"- agent_set (agent): 0 tool calls in 16 requests with tools; **{NO_TOOL_CALLS}**" in section
+        assert "chat_set" not in section
+    assert "| agent_set (no tool calls: see below) | 3 |" in card(card_inputs(written))
+    calling = results({m: with_tool_counts(e, {"agent_set": (4, 3)}) for m, e in evaluations().items()})
+    text = card(card_inputs(calling))
+    assert "- agent_set (agent): 12 tool calls in 16 requests with tools" in text and NO_TOOL_CALLS not in text
+    shared = {m: {**e, "baseline_shared": True} for m, e in measured.items()}  # one baseline, counted once
+    assert pick.tool_use(shared)["agent_set"]["requests_with_tools"] == 12
+
+
+def test_the_reports_data_table_shows_what_regeneration_did_with_tools(tmp_path):
+    generation = {**GENERATION, "glaive": {**GENERATION["everyday"], "rows_with_tools": 10, "tool_calls": 14,
+                                           "cuts_by_reason": {"other_function": 2, "parallel_calls": 1},
+                                           "fewer_calls": 4, "tool_call_token_source": {"template": 10}}}
+    tokenized = {"glaive": {"tools": {"rows_with_tools": 10, "tool_calls": 14, "tool_call_tokens": 812,
+                                      "tool_result_tokens_supervised": 0}}}
+    text = report(tmp_path, report_inputs(results(evaluations()), generation=generation, tokenized=tokenized))
+    section = text.split("## Tool-call data")[1].split("\n## ")[0]
+    assert ("| glaive | 10 | 14 | 3 (30%: other function 2, parallel calls 1) | 4 | 812 | 0 | "
+            "the template's rendering (10) |") in section
+    assert "A hosted API returns text: the calls' tokens are the template's rendering" in section
+    assert "| everyday |" not in section
+    assert "Tool-call data" not in report(tmp_path, report_inputs(results(evaluations())))
+
+
+def test_a_grid_with_tool_sets_serves_the_target_with_its_tool_call_parser(monkeypatch):
+    """vLLM answers tool_choice auto with a 400 unless its server parses tool calls: a grid with a tool set starts
+    every server with the target's parser, refuses to start without one (naming the set), and adds none where no
+    set has tools."""
+    from draftsmith.generation.server import ServerSpec
+
+    checked = []
+    monkeypatch.setattr(ev, "check_tool_call_parser", lambda engine, name, args: checked.append((engine, name)))
+    server_cfg = {"extra_args": []}
+    sets = {"everyday": [Prompt("a", ["hi"])], "bfcl_simple": [Prompt("b", ["call"], tools=TOOLS)]}
+    def grid(chosen: dict, rendering: str = "template") -> ev.Grid:
+        return ev.Grid(chosen, [0.0], 32, [1], False, "vllm", rendering)
+
+    assert ev.tool_call_parser(grid({"everyday": sets["everyday"]}), "hermes", server_cfg) is None
+    with pytest.raises(ValueError, match=r"evaluation.prompt_sets.bfcl_simple: .* set target.tool_call_parser"):
+        ev.tool_call_parser(grid(sets), None, server_cfg)
+    assert ev.tool_call_parser(grid(sets, "text"), None, server_cfg) is None  # tools as text: no parser reads them
+    assert ev.tool_call_parser(grid(sets), "hermes", server_cfg) == "hermes" and checked == [("vllm", "hermes")]
+    command = ev.for_measurement(ServerSpec(model="m"), "hermes").command(8000)
+    assert "--enable-auto-tool-choice" in command and command[command.index("--tool-call-parser") + 1] == "hermes"
+    assert "--tool-call-parser" not in ev.for_measurement(ServerSpec(model="m")).command(8000)
