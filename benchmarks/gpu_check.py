@@ -346,7 +346,7 @@ def replayed(out: Path, size_name: str, validation: list[dict], run_dir: Path, c
                        fingerprint({"target": size_name}, AUX_LAYERS, size["layers"], "transformers"))
     replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"),
                           out / f"data_{size_name}" / "merged.parquet", {"check": store}, set(),
-                          out / f"target_{size_name}", cfg.get("ttt_steps"), device)
+                          out / f"target_{size_name}", [cfg.get("ttt_steps")], device)
     failed = [e["predicted_served_failed"] for e in validation if "predicted_served_failed" in e]
     return {"replay_s": round(time.perf_counter() - started, 1),
             **({"failed": f"the replay failed: {failed[0]}"} if failed else

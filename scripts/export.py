@@ -27,12 +27,13 @@ def failed(checkpoint: Path, reason: str, epoch: int) -> None:
     log.error("%s: left out of the pick: %s", sm.wildcards.family, reason)
 
 
-def predicted_at_gate(checkpoint: Path, tgt, rows: int, skip: set, stores: dict, k: int) -> dict | None:
+def predicted_at_gate(checkpoint: Path, tgt, rows: int, skip: set, stores: dict, k: int) -> tuple[dict | None,
+                                                                                                 str | None]:
     """What the gate's server should accept, by position: the exported checkpoint replayed on the same validation
-    rows, first turns and window (draftsmith.training.replay); None with online hidden states (none stored to
-    replay on)."""
+    rows, first turns and window (draftsmith.training.replay); else None and why (online hidden states: none
+    stored to replay on; the replay failed or had no rows)."""
     if not stores:
-        return None
+        return None, replay.ONLINE
     return replay.at_gate(checkpoint, Path(sm.input.table), stores, skip, Path(tgt.model), rows, k, ex.GATE_WINDOW,
                           compute.device())
 
@@ -74,9 +75,9 @@ def main() -> None:
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started = {}
     try:
-        with managed_server(ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter)),
-                            Path(sm.log.server)) as server:
-            started["server"] = server
+        spec = ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter))
+        # its start retried for the machine's failures, which fail the job, never the family (ev.serving)
+        with ev.serving(lambda: managed_server(spec, Path(sm.log.server)), started) as server:
             root = ev.root_of(server.base_url)
             before = ev.scrape_spec_counters(root)
             asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
@@ -85,10 +86,10 @@ def main() -> None:
         ev.raise_unless_the_methods(err, f"the {family} gate", ev.exit_code(started.get("server")))
         failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
         return
-    predicted = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k)
+    predicted, why_not = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k)
     passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
-                                "predicted": predicted, "positions": positions,
+                                "predicted": predicted, "predicted_missing": why_not, "positions": positions,
                                 "validation_first_token_accuracy": expected, "epoch": epoch,
                                 "validation_rows": len(rows), "window": ex.GATE_WINDOW})
     (log.info if passed else log.error)("gate: %s%s", verdict, "" if passed else "; left out of the pick")

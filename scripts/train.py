@@ -103,9 +103,12 @@ def main() -> None:
     phases = json.loads(tr.phases_file(metrics).read_text())
     for epoch in validation:
         epoch["simulated_tau"] = tr.simulated_tau(epoch)
-    if not online:  # what a server would accept, by epoch (a block family has no ttt_steps: it drafts its block)
+    if not online:  # what a server would accept, by epoch, at the draft lengths EAGLE-3 is served at (read here,
+        # not a param: the trained checkpoints do not depend on them; a block family drafts its block)
         replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), merged, by_dataset, failed,
-                              Path(tgt.model), cfg.get("ttt_steps"), device)
+                              Path(tgt.model), sorted(sm.config["evaluation"]["num_speculative_tokens"]), device)
+    else:
+        replay.skipped(validation, replay.ONLINE)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \
         tr.choose_checkpoint(run_dir / "checkpoints", validation[-1:])
     trained_tokens = cfg["epochs"] * sum(table[i]["seq_len"] for i in keep if table[i]["split"] == TRAIN)

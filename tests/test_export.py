@@ -213,7 +213,7 @@ def test_the_gate_compares_every_position_served_with_the_same_drafter_replayed_
                                                                                                              abs=1e-3)
     ok, verdict, positions = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.22, 0.01, 0.0]}, 0.30,
                                              predicted={**predicted, "accepted_per_position": [26, 20, 0]})
-    assert ok and "position 2 served below 80% of the predicted acceptance" in verdict and positions[1]["flag"]
+    assert ok and "outside 80%-125% of the predicted acceptance at position 2 below" in verdict and positions[1]["flag"]
     broken = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.01, 0.0, 0.0]}, 0.30, predicted=predicted)
     assert not broken[0] and "far below the predicted one 0.232" in broken[1]
 
@@ -349,3 +349,22 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
     assert gate["passed"] is False and gate["verdict"].startswith(
         "vLLM did not serve the drafter: " + ("ServerExited: server exited" if fault == "refused" else
                                               "RemoteProtocolError: Server disconnected"))
+
+
+def test_the_gate_flags_a_position_served_well_above_its_prediction_too_and_labels_an_estimate():
+    """The embedded default generated at T=0.6: predicted 0.141 / 0.014, served 0.197 / 0.032 (1.40x and 2.31x)
+    and nothing flagged, the flag looking one way only. The gate's server continues greedily, the replay walks
+    the sampled answers: the prediction is an estimate, said with its agreement share."""
+    served = {"drafts": 400, "acceptance_rate_per_position": [0.197, 0.032, 0.0]}
+    predicted = {"acceptance_rate_per_position": [0.141, 0.014, 0.0], "accepted_per_position": [56, 12, 0],
+                 "exactness": {"basis": "estimate", "agreement": 0.8125, "positions": 512}}
+    ok, verdict, positions = ex.gate_verdict(served, 0.15, predicted=predicted)
+    assert ok and [(p["flag"], p["direction"]) for p in positions] == [(True, "above"), (True, "above"),
+                                                                       (None, None)]
+    assert "(predicted 0.141, estimate: the stored answer tokens are the target's argmax at 81.2% of positions)" \
+        in verdict and "flagged, served outside 80%-125% of the predicted acceptance at positions 1 above, 2 above" \
+        in verdict
+    within = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.16, 0.016, 0.0]}, 0.15,
+                             predicted={**predicted, "exactness": {"basis": "exact", "agreement": 1.0,
+                                                                   "positions": 512}})
+    assert [p["flag"] for p in within[2]] == [False, False, None] and "(predicted 0.141, exact)" in within[1]

@@ -41,6 +41,8 @@ def test_the_worked_example_lands_near_the_hand_estimate_and_does_not_fit(tmp_pa
     assert 5.2 < data["needed_bytes"] / 2**40 < 6.0  # TiB, vs ~5.4 estimated by hand
     assert not data["fits"] and "**it does not fit.**" in markdown
     assert "hidden_states: {mode: online}" in markdown and "about 11,313 fit" in markdown
+    # the replay reads 2^17 positions, but no fewer than 32 rows that do not loop (2^17 / 4,246 is 31)
+    assert "replays the drafter on about 32 of them (at most 256 rows and 131,072 positions" in markdown
     assert "| generate | 102,400,000 completion tokens | 6,000 tok/s (configured) | 4.7 h | 95 |" in markdown
     assert "| train eagle3 | 530,750,000 sequence tokens x epochs | 30,000 tok/s (configured) | 4.9 h | 12 |" \
         in markdown
@@ -135,6 +137,8 @@ def test_the_grid_is_estimated_before_work_and_named_when_it_outgrows_the_traini
     assert "21 cells (method x draft tokens x concurrency), 8 server starts (2400 s each (plan.server_start_s))" \
         in text
     assert "Each draft length of evaluation.num_speculative_tokens costs 2 server starts (~1.3 h" in text
+    # ranked by tokens per step (every CPU's ranking) the largest length always wins: no advice to measure only it
+    assert "needs only the largest" not in text and "always picks the largest" in text
     on_cpu = plan.grid_plan({**config, "server": {**config["server"], "gpus": 0}}, {"mt_bench": (80, 80)},
                             tmp_path / "results", throughput)
     assert on_cpu.servers == (3 + 1 + 3) + 3  # a shared CPU: the target alone in each method's window

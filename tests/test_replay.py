@@ -39,18 +39,39 @@ def test_answer_turns_are_the_supervised_runs_of_a_row():
     assert replay.turns([0, 0]) == []
 
 
-def test_a_drafter_replayed_is_accepted_where_the_target_agrees_with_it(drafter, target_dir):
-    """The replay runs speculators' own forward on a real checkpoint and the target's whole-vocabulary head."""
+def test_a_drafter_replayed_drafts_what_a_server_drafts_from_each_committed_prefix(drafter, target_dir, monkeypatch):
+    """The replay drafts from every position in one forward; a server drafts from the last committed token with
+    the target's states of every position before it. Each first draft must be the server's, computed here a
+    prefix at a time (the drafter's own forward on the tokens up to the committed one and the states before
+    it), and the walk must accept it where the target's token, built from those server drafts, agrees."""
+    from draftsmith.core import compute
+
+    monkeypatch.setattr(compute, "choose", lambda *args, **kwargs: compute.Choice("float32", "exact comparisons"))
+    replayed = replay.load_drafter(drafter, target_dir)
     torch.manual_seed(0)
+    with torch.no_grad():  # a fresh drafter drafts one token whatever it reads; these weights make it read
+        for name, weight in replayed.model.named_parameters():
+            if name.startswith(("layers", "fc")):
+                weight.normal_(0, 0.2)
     ids = torch.randint(0, 1000, (40,))
     hidden = torch.randn(40, 4, 576, dtype=torch.bfloat16)  # the three aux layers, then the final one
-    drafts = replay.load_drafter(drafter, target_dir).chains(ids, hidden, 3, [1] * 40)
-    targets = replay.TargetHead(target_dir).tokens(hidden[:, -1])
-    assert len(drafts) == 3 and all(len(d) == 40 for d in drafts) and len(targets) == 40
-    assert all(0 <= t < 49152 for t in targets)
-    perfect = [drafts[0][i] if i > 0 else 0 for i in range(40)]  # the target agreeing with every first draft
-    first_only = replay.walk(drafts, [perfect[i] if i + 1 < 40 else 0 for i in range(40)], 5, 30)
-    assert first_only.accepted[0] == first_only.steps
+    aux = hidden[:, :-1].flatten(1).float()
+
+    def served(at: int) -> int:  # a server's first draft with the token at `at` the last committed one
+        with replay._uncompiled(), torch.no_grad():
+            out = replayed.model(hidden_states=aux[None, :at], input_ids=ids[None, 1:at + 1],
+                                 document_ids=torch.zeros(1, at, dtype=torch.long), ttt_steps=1)
+        token = int(out[0][0, -1])
+        return token + int(replayed.d2t[token])
+
+    server = [served(at) for at in range(1, 40)]
+    drafts = replayed.chains(ids, hidden, 3, [1] * 40)
+    assert len(drafts) == 3 and all(len(d) == 40 for d in drafts) and len(set(server)) > 2
+    assert drafts[0][1:] == server
+    # the target's token after each position: the server's draft at even positions, another token at odd ones
+    targets = [0, *(server[at - 1] + at % 2 for at in range(1, 40))]
+    walked = replay.walk(drafts[:1], targets, 5, 30)  # from 5 rejected, then from 6, 8, ..., 28 accepted
+    assert (walked.steps, walked.accepted) == (13, [12])
 
 
 @pytest.mark.parametrize(("family", "k"), [("dflash", 7), ("dspark", 8)])  # block 8: DSpark drafts its anchor's slot
@@ -105,6 +126,32 @@ def test_a_block_drafter_drafts_from_what_a_server_has_at_its_anchor(target_dir,
     assert [[d[p] for p in (10, 39)] for d in alone] == [[d[p] for p in (10, 39)] for d in drafts]
 
 
+@pytest.mark.parametrize(("family", "k"), [("dflash", 7), ("dspark", 8)])
+def test_each_block_slot_is_judged_against_the_token_speculators_trains_it_on(target_dir, tmp_path, family, k,
+                                                                               monkeypatch):
+    """speculators trains a block's slot against the target's token from one final state (DFlash: the one before
+    the slot, its anchor's slot untrained; DSpark, sampling from the anchor: the slot's own). The walk judges
+    ``drafts[s][anchor]`` against the target's token after ``anchor + s``. Here each final state names its
+    position and the drafter's logits are speculators' own training targets: every draft must name the position
+    the walk judges it at, so a slot mapping off by one fails."""
+    drafter = replay.load_drafter(make_block_drafter(target_dir, tmp_path / family, family), target_dir)
+    drafter.d2t = None  # the drafts are then the positions the targets were read from
+    seq = 40
+    ids = torch.randint(0, 1000, (seq,))
+    hidden = torch.randn(seq, 4, 576, dtype=torch.bfloat16)
+    hidden[:, -1] = 0
+    hidden[torch.arange(seq), -1, torch.arange(seq)] = 1  # the final state at p: one-hot at p
+
+    def training_targets(aux, ids_, mask, final, documents, anchors):
+        _, _, targets, _, _ = drafter.model._backbone_forward(aux, ids_, mask, final, documents, max_anchors=anchors)
+        return targets.view(anchors, drafter.block, -1).abs()  # the target's norm may flip a sign
+
+    monkeypatch.setattr(drafter, "_block_logits", training_targets)
+    drafts = drafter.chains(ids, hidden, k, [0] * 10 + [1] * 30)
+    judged = [(s, anchor) for s in range(k) for anchor in range(10, seq) if anchor + s < seq]
+    assert [drafts[s][anchor] for s, anchor in judged] == [anchor + s for s, anchor in judged]
+
+
 def test_the_exported_checkpoint_is_the_one_a_server_would_accept_most_from(tmp_path):
     """The simulated τ that chose the checkpoint rewarded loops and counted tokens no server can accept; where
     every validated epoch has a predicted served figure, it chooses."""
@@ -147,9 +194,10 @@ def test_the_validation_rows_are_read_from_the_groups_that_hold_them(tmp_path):
 def test_a_replay_that_fails_leaves_the_epochs_to_the_simulated_tau_and_the_gate_to_validation(tmp_path, caplog):
     """A replay that cannot run (here: no target weights, no table) never fails the training or export job."""
     validation = [{"epoch": 0, "full_acc_0_epoch": 0.3}]
-    replay.predict_epochs(validation, {0: tmp_path}, tmp_path / "merged.parquet", {}, set(), tmp_path, None, "cpu")
+    replay.predict_epochs(validation, {0: tmp_path}, tmp_path / "merged.parquet", {}, set(), tmp_path, [3], "cpu")
     assert "predicted_served" not in validation[0] and validation[0]["predicted_served_failed"]
-    assert replay.at_gate(tmp_path, tmp_path / "merged.parquet", {}, set(), tmp_path, 8, 3, 64, "cpu") is None
+    predicted, why_not = replay.at_gate(tmp_path, tmp_path / "merged.parquet", {}, set(), tmp_path, 8, 3, 64, "cpu")
+    assert predicted is None and why_not.startswith("the replay failed (")
     assert "could not be computed" in caplog.text
 
 
@@ -160,3 +208,147 @@ def test_the_replay_computes_in_the_machines_dtype_not_the_checkpoints(drafter, 
     monkeypatch.setattr(compute, "choose", lambda *args, **kwargs: compute.Choice("float32", "AVX2 only"))
     assert replay.TargetHead(target_dir).head.dtype == torch.float32
     assert replay.load_drafter(drafter, target_dir).model.fc.weight.dtype == torch.float32
+
+
+class FakeStore:
+    """A dataset's stored hidden states: each row's tokens and, as its final state, the target's greedy token after
+    each position (what :class:`FakeHead` reads back)."""
+
+    def __init__(self, rows: dict[int, tuple[list[int], list[int]]]):
+        self.rows = rows
+
+    def read(self, row: int) -> dict:
+        ids, targets = self.rows[row]
+        final = torch.tensor(targets, dtype=torch.float32)[:, None, None]
+        return {"token_ids": torch.tensor(ids), "hidden_states": torch.cat([torch.zeros_like(final), final], dim=1)}
+
+
+class FakeHead:
+    def tokens(self, final: torch.Tensor) -> list[int]:
+        return final[:, 0].long().tolist()
+
+
+class FakeDrafter:
+    """Drafts the target's own tokens (its ``s``-th draft from ``p``: the target's token after ``p + s``) but its
+    second draft from every third position; records the chain length it was asked for."""
+
+    def __init__(self):
+        self.asked: list[int] = []
+
+    def chains(self, input_ids, stored, k, walked):
+        self.asked.append(k)
+        targets, seq = stored[:, -1, 0].long().tolist(), len(input_ids)
+        return [[targets[p + s] if p + s < seq and not (s == 1 and p % 3 == 0) else -1 for p in range(seq)]
+                for s in range(k)]
+
+
+def greedy_row(seed: int, prompt: int = 4, answer: int = 20) -> tuple[list[int], list[int], list[int]]:
+    """A row whose answer is the target's greedy one: ``(ids, loss mask, the target's token after each)``."""
+    ids = torch.randint(0, 1000, (prompt + answer,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return ids, [0] * prompt + [1] * answer, [*ids[1:], 0]
+
+
+def fake_rows(rows: list[tuple[list[int], list[int], list[int]]]) -> tuple[list[replay.Row], dict]:
+    store = FakeStore({i: (ids, targets) for i, (ids, _, targets) in enumerate(rows)})
+    return [replay.Row(("d", i), torch.tensor(ids), mask, targets) for i, (ids, mask, targets) in enumerate(rows)], \
+        {"d": store}
+
+
+def test_each_predicted_figure_is_exact_on_greedy_answers_and_an_estimate_with_its_agreement_on_sampled_ones():
+    """The replay teacher-forces and walks the stored answer: a server's only where each stored token is the
+    target's argmax. Every walk records that share and labels its figures by it."""
+    greedy, stores = fake_rows([greedy_row(0), greedy_row(1)])
+    total, _ = replay.predict(FakeDrafter(), greedy, stores, [3])[3]
+    assert total.as_dict()["exactness"] == {"basis": "exact", "agreement": 1.0, "positions": 40}
+    ids, mask, targets = greedy_row(2)
+    ids[10] = (targets[9] + 1) % 1000  # a sampled token: not the target's argmax after position 9
+    sampled, stores = fake_rows([greedy_row(0), (ids, mask, targets)])
+    total, _ = replay.predict(FakeDrafter(), sampled, stores, [3])[3]
+    assert total.as_dict()["exactness"] == {"basis": "estimate", "agreement": round(39 / 40, 4), "positions": 40}
+    # the gate's window: only the tokens it serves are compared
+    window, _ = replay.predict(FakeDrafter(), sampled, stores, [3], window=6, first_turn_only=True)[3]
+    assert window.as_dict()["exactness"]["positions"] == 12 and window.as_dict()["exactness"]["basis"] == "exact"
+
+
+def test_the_checkpoint_is_walked_at_each_served_draft_length_from_one_drafting():
+    """Served at k=1 and k=3 (SpecForge's 7 TTT steps served at [1, 3]): the drafter drafts once, at the longest;
+    each k is its own walk over its first k drafts (its steps start elsewhere: not the longest walk's counts
+    cut short), and the figures that choose the epoch are the longest's, the k the pick serves."""
+    rows, stores = fake_rows([greedy_row(0), greedy_row(1)])
+    drafter = FakeDrafter()
+    figures = replay.epoch_figures(drafter, rows, stores, [1, 3])
+    assert drafter.asked == [3, 3]  # once per row, at the longest
+    assert figures["k"] == 3 and len(figures["acceptance_rate_per_position"]) == 3
+    assert set(figures["by_k"]) == {"1", "3"}
+    one = figures["by_k"]["1"]
+    assert one["acceptance_rate_per_position"] == [1.0] and one["tokens_per_step"] == 2.0  # every first draft right
+    assert one["drafts"] == 20 != figures["drafts"]  # 19 tokens after each prefill, two a step
+    assert figures["by_k"]["3"]["tokens_per_step"] == figures["tokens_per_step"]
+    assert figures["without_looping_rows"]["rows"] == 2 and figures["exactness"]["basis"] == "exact"
+
+
+def merged_table(path, rows: list[tuple[list[int], list[int]]], n_train: int = 0):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftsmith.data import merge
+
+    pq.write_table(pa.table({"dataset": ["d"] * (n_train + len(rows)),
+                             "source_row": list(range(n_train + len(rows))),
+                             "input_ids": [[1, 2]] * n_train + [ids for ids, _ in rows],
+                             "loss_mask": [[0, 1]] * n_train + [mask for _, mask in rows],
+                             "split": [merge.TRAIN] * n_train + [merge.VALIDATION] * len(rows)}), path)
+    return path
+
+
+def test_the_replay_reads_the_validation_minimum_of_rows_that_do_not_loop_at_a_users_length(tmp_path):
+    """2^17 positions, prompts included, are 16 rows of 8,192 tokens: half the validation minimum, before the
+    looping rows are set aside. The replay reads on until 32 rows that do not loop."""
+    from draftsmith.data.merge import MIN_VALIDATION_PROMPTS
+
+    assert replay.MIN_ROWS == MIN_VALIDATION_PROMPTS
+    length, generator = 8192, torch.Generator().manual_seed(0)
+    mask = [0] * 512 + [1] * (length - 512)
+    loop = [*torch.randint(0, 1000, (512,), generator=generator).tolist(), *([5, 6, 7, 8, 9] * 1536)][:length]
+    table = [(loop, mask)] * 8 + [(torch.randint(0, 1000, (length,), generator=generator).tolist(), mask)
+                                  for _ in range(40)]
+    merged = merged_table(tmp_path / "merged.parquet", table)
+    stores = {"d": FakeStore({i: (ids, [0] * length) for i, (ids, _) in enumerate(table)})}
+    rows = replay.read_rows(merged, stores, FakeHead())
+    assert len(rows) == 40 and sum(not r.looping for r in rows) == 32 and all(r.looping for r in rows[:8])
+    short = replay.read_rows(merged, stores, FakeHead(), limit=20)  # the row limit still holds
+    assert len(short) == 20
+
+
+def test_a_replay_with_no_rows_or_online_states_says_why_where_the_figure_would_stand(tmp_path, monkeypatch):
+    """A replay that did not run is named with its reason: in the epochs' entries, the chosen checkpoint's
+    reason, and the gate's."""
+    from draftsmith.training import train as tr
+
+    monkeypatch.setattr(replay, "TargetHead", lambda *args: FakeHead())
+    merged = merged_table(tmp_path / "merged.parquet", [], n_train=4)  # no validation row
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "model.safetensors").write_bytes(b"")
+    validation = [{"epoch": 0, "full_acc_0_epoch": 0.3}]
+    replay.predict_epochs(validation, {0: tmp_path / "0"}, merged, {}, set(), tmp_path, [3], "cpu")
+    assert validation[0]["predicted_served_skipped"] == replay.NO_ROWS and "predicted_served" not in validation[0]
+    _, choice = tr.choose_checkpoint(tmp_path, validation)
+    assert choice["predicted_missing"] == replay.NO_ROWS and replay.NO_ROWS in choice["reason"]
+    assert replay.at_gate(tmp_path, merged, {}, set(), tmp_path, 8, 3, 64, "cpu") == (None, replay.NO_ROWS)
+    online = [{"epoch": 0, "full_acc_0_epoch": 0.3}]
+    replay.skipped(online, replay.ONLINE)
+    assert "online hidden states" in tr.choose_checkpoint(tmp_path, online)[1]["reason"]
+
+
+def test_predict_epochs_replays_each_epoch_at_the_served_draft_lengths(tmp_path, monkeypatch):
+    """The training job hands the replay evaluation.num_speculative_tokens, not train.ttt_steps."""
+    rows = [greedy_row(i) for i in range(3)]
+    merged = merged_table(tmp_path / "merged.parquet", [(ids, mask) for ids, mask, _ in rows])
+    stores = {"d": FakeStore({i: (ids, targets) for i, (ids, _, targets) in enumerate(rows)})}
+    drafter = FakeDrafter()
+    monkeypatch.setattr(replay, "TargetHead", lambda *args: FakeHead())
+    monkeypatch.setattr(replay, "load_drafter", lambda *args: drafter)
+    validation = [{"epoch": 0}, {"epoch": 1}]
+    replay.predict_epochs(validation, {0: tmp_path, 1: tmp_path}, merged, stores, set(), tmp_path, [1, 3], "cpu")
+    assert drafter.asked == [3] * 6 and all(set(v["predicted_served"]["by_k"]) == {"1", "3"} for v in validation)
+    assert validation[0]["predicted_served"]["rows"] == 3

@@ -89,3 +89,21 @@ def test_a_prompt_journaled_twice_counts_once(run_dir):
     config = from_snakemake_args([], REPO)
     everyday = next(d for d in status.collect(config).datasets if d.name == "everyday")
     assert (everyday.answered, everyday.dropped, everyday.completion_tokens) == (21, 0, 20 * 10 - 10 + 12 + 7)
+
+
+def test_a_finished_training_says_what_chose_its_checkpoint_and_its_figure(run_dir):
+    """`./run.sh status` said "best simulated τ 1.307" where the export chose on predicted served τ (1.231)."""
+    summary = run_dir / "results/train/eagle3/training.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"chosen": {"epoch": 1, "simulated_tau": 1.307, "predicted_served_tau": 1.231,
+                                              "k": 3, "exactness": {"basis": "exact", "agreement": 1.0}}}))
+    runs = run_dir / "results/train_runs/eagle3/abc"
+    runs.mkdir(parents=True)
+    (runs / "validation.jsonl").write_text(json.dumps({"epoch": 0, "full_acc_0_epoch": 0.307}) + "\n")
+    config = from_snakemake_args(["--config", "train={families: [eagle3]}"], REPO)
+    text = status.render(status.collect(config))
+    assert "exported epoch 2 by predicted served τ 1.231 at k=3 (exact)" in text and "1.307" not in text
+    summary.write_text(json.dumps({"chosen": {"epoch": 0, "simulated_tau": 1.307, "predicted_missing":
+                                              "skipped: online hidden states, none stored to replay on"}}))
+    assert "exported epoch 1 by simulated τ 1.307 (no predicted served τ: skipped: online hidden states" \
+        in status.render(status.collect(config))

@@ -7,17 +7,20 @@ loop is the easiest thing a drafter can predict: validation rewards it, the simu
 checkpoint is inflated by it, and traffic does not loop. Measured per row at tokenization over the
 supervised tokens, so the report can show each dataset's distribution and ``tokenize.max_repetition`` can
 drop looping answers, counted, before they are trained on.
+
+Where a figure is given with and without looping rows (the replay that chooses the checkpoint), a row loops by
+a stricter measure, :func:`is_looping`: a span repeated back to back, which long code and logs do not do.
 """
 
 from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
 NGRAM = 4  # a 4-token window: short enough to catch a short loop, long enough that ordinary text rarely repeats
 # The shares the report counts rows above (what a limit there would drop).
 THRESHOLDS = (0.3, 0.5, 0.7)
-# A row above this share is said to loop where figures are given with and without such rows.
-LOOPING = 0.5
 
 
 def repeated_share(tokens: list[int], n: int = NGRAM) -> float:
@@ -37,9 +40,53 @@ def answer_tokens(input_ids: list[int], loss_mask: list[int]) -> list[int]:
     return [token for token, supervised in zip(input_ids, loss_mask, strict=True) if supervised]
 
 
+# A cycle: a span of up to MAX_PERIOD tokens repeated back to back, over at least MIN_CYCLE tokens (a closing
+# `}\n}` or a table rule repeats back to back too, briefly). A row whose turns are more than CYCLE_LOOPING
+# cycles is said to loop.
+MAX_PERIOD = 256
+MIN_CYCLE = 16
+CYCLE_LOOPING = 0.25
+
+
+def cycled_share(tokens: list[int]) -> float:
+    """The share of ``tokens`` that repeat the span just before them, back to back (a cycle of a period up to
+    :data:`MAX_PERIOD`, repeated for :data:`MIN_CYCLE` tokens and a whole period at least).
+
+    Why not :func:`repeated_share`: a 4-gram seen anywhere earlier grows with length and with structure, not
+    with looping (human ShareGPT answers: 0.1% flagged under 256 tokens, 9.3% at 1-4K, most of them code,
+    configs, logs and CSV). A loop is what greedy decoding does: the same span again, right after itself."""
+    ids = np.asarray(tokens)
+    covered = np.zeros(len(ids), dtype=bool)
+    for period in range(1, min(MAX_PERIOD, len(ids) // 2) + 1):
+        same = np.concatenate([[False], ids[period:] == ids[:-period], [False]])  # same[i + 1]: i + period is i
+        edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+        for start, end in zip(edges[::2], edges[1::2], strict=True):
+            if end - start >= max(period, MIN_CYCLE):
+                covered[start + period:end + period] = True
+    return float(covered.mean()) if len(ids) else 0.0
+
+
+def turn_tokens(input_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
+    """The supervised runs of a row (its answer turns), each on its own: an agent's turns, each a tool call
+    like the last, are not one span repeated back to back."""
+    runs: list[list[int]] = []
+    previous = 0
+    for token, supervised in zip(input_ids, loss_mask, strict=True):
+        if supervised:
+            if not previous:
+                runs.append([])
+            runs[-1].append(token)
+        previous = supervised
+    return runs
+
+
 def is_looping(input_ids: list[int], loss_mask: list[int]) -> bool:
-    """Whether a row's answers loop (:data:`LOOPING`)."""
-    return repeated_share(answer_tokens(input_ids, loss_mask)) > LOOPING
+    """Whether a row's answers loop: more than :data:`CYCLE_LOOPING` of their tokens cycle
+    (:func:`cycled_share`, each turn on its own). What the replay's "without looping rows" subset, which
+    chooses the checkpoint, leaves out."""
+    turns = turn_tokens(input_ids, loss_mask)
+    answered = sum(map(len, turns))
+    return bool(answered) and sum(cycled_share(t) * len(t) for t in turns) / answered > CYCLE_LOOPING
 
 
 def summary(shares: list[float]) -> dict:

@@ -10,6 +10,7 @@ When the workflow has run, the plan also shows what was measured next to what it
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import statistics
 from dataclasses import dataclass
@@ -213,10 +214,10 @@ def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
     if grid.start_s is not None:
         hours = grid.per_length * grid.start_s / 3600
         lines.append(f"- Each draft length of evaluation.num_speculative_tokens costs {grid.per_length} server starts "
-                     f"(~{hours:.1f} h of start-up alone): a shorter grid measures fewer of them. At T=0 the report "
-                     "derives tokens per step at every smaller draft length from the largest one's acceptance by "
-                     "position (EAGLE-3, n-gram, suffix), so a grid ranked by tokens per step (pick_by: tau) needs "
-                     "only the largest; speed-ups need each length served.")
+                     f"(~{hours:.1f} h of start-up alone): a shorter grid measures fewer of them. Tokens per step "
+                     "rise with the draft length, so a grid ranked by them (pick_by: tau, and every CPU's) always "
+                     "picks the largest: the length that serves best on a GPU is found only by its speed-ups, each "
+                     "length served.")
     if grid.seconds is not None and training_s and grid.seconds > training_s:
         lines.append(f"- **The evaluation grid would take longer than the training ({training_s / 3600:.1f} h)**: "
                      "fewer concurrencies or draft lengths (evaluation.concurrency, num_speculative_tokens), fewer "
@@ -305,7 +306,7 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
     lines += ["", f"Validation holds out {held_out:,} of the ~{prompts:,.0f} answers' prompts "
               f"(merge.validation_fraction {config['merge']['validation_fraction']:g}, at least the smaller of "
               f"{MIN_VALIDATION_PROMPTS} and a quarter of them): the predicted served τ that chooses the checkpoint "
-              f"replays the drafter on up to {replay.ROWS} of them.", "", "## Disk", "",
+              f"replays the drafter on {replayed_rows(held_out, sequence / rows if rows else 0)}.", "", "## Disk", "",
               f"- Hidden states, offline in {storage}: **{human_bytes(layouts['shards'])}** in shards, "
               f"{human_bytes(layouts['per_row'])} one file per row ({rows:,.0f} files)"
               + ("" if storage == "fp8" else f"; in fp8: {human_bytes(in_fp8)} ({hs_cfg['layout']})")
@@ -327,6 +328,15 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
             "free_bytes": free_bytes, "fits": fits, "training_s": training_s,
             "datasets": {p.name: p.__dict__ for p in plans}}
     return "\n".join(lines) + "\n", plan
+
+
+def replayed_rows(held_out: int, row_tokens: float) -> str:
+    """How many validation rows the replay reads, in words: up to replay.ROWS rows and replay.TOKENS positions
+    (prompts included), but read on until replay.MIN_ROWS of them do not loop."""
+    by_positions = math.ceil(replay.TOKENS / row_tokens) if row_tokens else replay.ROWS
+    rows = min(held_out, replay.ROWS, max(replay.MIN_ROWS, by_positions))
+    return (f"about {rows:,} of them (at most {replay.ROWS} rows and {replay.TOKENS:,} positions, prompts included, "
+            f"but no fewer than {replay.MIN_ROWS} whose answers do not loop; at ~{row_tokens:,.0f} tokens a row)")
 
 
 def drafters_section(facts: Facts, config: dict, results: Path) -> list[str]:

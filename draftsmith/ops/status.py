@@ -164,13 +164,17 @@ class TrainingStatus:
     best_simulated_tau: float | None = None
     global_step: int | None = None
     done: bool = False
+    chosen: str | None = None  # a finished training's: the epoch exported, what chose it and its figure
 
 
 def training_status(family: str, epochs: int) -> TrainingStatus:
     """One family's training: its latest run's validated epochs and best simulated τ, its last step."""
     from draftsmith.training.train import read_validation, simulated_tau
 
-    st = TrainingStatus(family, epochs=epochs, done=Path(f"results/train/{family}/training.json").exists())
+    summary = Path(f"results/train/{family}/training.json")
+    st = TrainingStatus(family, epochs=epochs, done=summary.exists())
+    if st.done:
+        st.chosen = chosen_by(json.loads(summary.read_text()).get("chosen") or {})
     runs = sorted(Path(f"results/train_runs/{family}").glob("*/validation.jsonl"), key=lambda p: p.stat().st_mtime)
     if runs:
         validation = read_validation(runs[-1])
@@ -181,6 +185,23 @@ def training_status(family: str, epochs: int) -> TrainingStatus:
         steps = logged_steps(log_tail(Path(f"logs/train/{family}.log"), 65536))
         st.global_step = steps[-1] if steps else None
     return st
+
+
+def chosen_by(chosen: dict) -> str:
+    """The exported epoch and the figure that chose it: the predicted served τ (exact or an estimate), else the
+    simulated τ and why no prediction chose (training.json's ``chosen``)."""
+    from draftsmith.training.export import basis_text
+
+    epoch = chosen.get("epoch")
+    head = f"exported epoch {epoch + 1 if epoch is not None else '–'}"
+    if chosen.get("predicted_served_tau") is not None:
+        at = f" at k={chosen['k']}" if chosen.get("k") else ""
+        return (f"{head} by predicted served τ {chosen['predicted_served_tau']:.3f}{at} "
+                f"({basis_text(chosen.get('exactness'))})")
+    if chosen.get("simulated_tau") is None:
+        return f"{head} ({chosen.get('reason', '–')})"
+    return (f"{head} by simulated τ {chosen['simulated_tau']:.3f}"
+            + (f" (no predicted served τ: {chosen['predicted_missing']})" if chosen.get("predicted_missing") else ""))
 
 
 def running_jobs() -> list[str]:
@@ -244,7 +265,8 @@ def render(status: Status) -> str:
     for t in status.training:
         tau = f"{t.best_simulated_tau:.3f}" if t.best_simulated_tau is not None else "–"
         lines.append(f"training {t.family}: {'done' if t.done else 'run ' + (t.run or '–')}, {t.epochs_validated} "
-                     f"of {t.epochs} epochs validated, best simulated τ {tau}"
+                     f"of {t.epochs} epochs validated, "
+                     + (t.chosen or f"best simulated τ so far {tau}")
                      + (f"; optimizer step {t.global_step}" if t.global_step is not None else ""))
     lines.append("running now: " + ("; ".join(status.running) if status.running else "nothing"))
     lines.append("still missing: " + (", ".join(status.missing) if status.missing else "nothing"))

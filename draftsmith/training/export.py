@@ -161,18 +161,32 @@ def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW,
     return rows
 
 
-# A position whose served acceptance is below this share of the predicted one is flagged (not failed: the
-# drafter is served, but the engine accepts less there than the same drafter, replayed, says it should), where
-# the prediction accepts enough drafts there for a share to mean anything.
+# A position whose served acceptance is below this share of the predicted one, or above ABOVE_SHARE of it, is
+# flagged (not failed: the drafter is served, but the engine accepts otherwise than the same drafter, replayed,
+# says it should; above it: the served text is not the replayed one, e.g. sampled answers continued greedily),
+# where the prediction accepts enough drafts there for a share to mean anything.
 PREDICTED_SHARE = 0.8
+ABOVE_SHARE = 1.25
 FLAG_MIN_ACCEPTED = 10
+
+
+def off_prediction(served: float, predicted: float, count: int) -> str | bool | None:
+    """Which way a served rate strays from its prediction: ``"below"``, ``"above"``, False within the band,
+    None where the prediction accepted too few drafts to judge."""
+    if count < FLAG_MIN_ACCEPTED:
+        return None
+    if served < PREDICTED_SHARE * predicted:
+        return "below"
+    return "above" if served > ABOVE_SHARE * predicted else False
 
 
 def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1,
                  predicted: dict | None = None) -> tuple[bool, str, list[dict]]:
     """Whether the served drafter behaves like the trained one, and the served acceptance by position beside
     the predicted one (:mod:`draftsmith.training.replay` on the same rows and window), each flagged below
-    :data:`PREDICTED_SHARE` of it.
+    :data:`PREDICTED_SHARE` or above :data:`ABOVE_SHARE` of it (``flag``, and ``direction``). The prediction is
+    exact where the stored answers are the target's greedy ones (the gate's server continues greedily), else an
+    estimate, said with its agreement share.
 
     ``expected_first``: what the first position should accept, the predicted served rate where there is one
     (``predicted``), else the validation accuracy of the first drafted token. Served, the first position's
@@ -183,11 +197,15 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
     served_rates = acceptance["acceptance_rate_per_position"] or []
     predicted_rates = (predicted or {}).get("acceptance_rate_per_position") or []
     counts = (predicted or {}).get("accepted_per_position") or [0] * len(predicted_rates)
-    positions = [{"position": i + 1, "served": served, "predicted": want, "predicted_accepted": count,
-                  "ratio": served / want if want else None,
-                  "flag": (served < PREDICTED_SHARE * want) if count >= FLAG_MIN_ACCEPTED else None}
-                 for i, (served, want, count) in enumerate(zip(served_rates, predicted_rates, counts, strict=False))]
+    positions = []
+    for i, (served, want, count) in enumerate(zip(served_rates, predicted_rates, counts, strict=False)):
+        direction = off_prediction(served, want, count)
+        positions.append({"position": i + 1, "served": served, "predicted": want, "predicted_accepted": count,
+                          "ratio": served / want if want else None,
+                          "flag": None if direction is None else bool(direction), "direction": direction or None})
     source = "predicted" if predicted_rates else "validation"
+    exactness = (predicted or {}).get("exactness") if predicted_rates else None
+    label = f", {basis_text(exactness)}" if exactness else ""
     expected_first = predicted_rates[0] if predicted_rates else expected_first
     served = (served_rates or [0.0])[0] or 0.0
     if expected_first is None or expected_first < min_expected:
@@ -197,7 +215,20 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
         return False, (f"served first-token acceptance {served:.3f} is far below the {source} one "
                        f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target"), \
             positions
-    flagged = [p["position"] for p in positions if p["flag"]]
-    return True, (f"served first-token acceptance {served:.3f} ({source} {expected_first:.3f})"
-                  + (f"; position{'s' if len(flagged) > 1 else ''} {', '.join(map(str, flagged))} served below "
-                     f"{PREDICTED_SHARE:.0%} of the predicted acceptance" if flagged else "")), positions
+    flagged = [f"{p['position']} {p['direction']}" for p in positions if p["flag"]]
+    return True, (f"served first-token acceptance {served:.3f} ({source} {expected_first:.3f}{label})"
+                  + (f"; flagged, served outside {PREDICTED_SHARE:.0%}-{ABOVE_SHARE:.0%} of the predicted acceptance "
+                     f"at position{'s' if len(flagged) > 1 else ''} {', '.join(flagged)}" if flagged else "")), \
+        positions
+
+
+def basis_text(exactness: dict | None) -> str:
+    """A predicted figure's label in words (:func:`draftsmith.training.replay.exactness`; figures from before it
+    was recorded: unlabelled)."""
+    if not exactness:
+        return "exactness not recorded"
+    if exactness["basis"] == "exact":
+        return "exact"
+    share = exactness.get("agreement")
+    return "estimate" + (f": the stored answer tokens are the target's argmax at {share:.1%} of positions"
+                         if share is not None else "")

@@ -22,7 +22,9 @@ anchor, the block's first slot) and the target's hidden states before it: its dr
 own anchored-block forward with every position a walk drafts from an anchor (:class:`BlockDrafter`).
 
 Exact where the answers are the target's own greedy ones (its token at a position is then the answer's
-next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers.
+next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers. Each walk
+counts how far the two agree (:func:`exactness`: the share of its answer tokens that are the target's argmax),
+and every figure carries that label.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ HEAD_CHUNK = 512
 # (7.5 GB at Kimi-K2's width for 2^17 positions) rather than holding them (a row of 8,192 tokens is 470 MB).
 ROWS = 256
 TOKENS = 2**17
+# ... but never fewer rows whose answers do not loop than the validation minimum (merge.MIN_VALIDATION_PROMPTS,
+# not imported: merge imports pyarrow), whatever TOKENS: at 8,192-token rows 2^17 positions are 16 rows.
+MIN_ROWS = 32
 # A block family's anchors per forward: its logits are anchors x block x draft vocabulary (256 x 16, speculators'
 # default block, x 163,840 in bf16: 1.3 GB where the drafter keeps the target's whole vocabulary; DSpark's
 # Markov bias as much again).
@@ -55,12 +60,15 @@ ANCHOR_CHUNK = 256
 
 @dataclass
 class Walk:
-    """A walk's counts: draft steps, drafts accepted at each position, and the tokens the walk covered."""
+    """A walk's counts: draft steps, drafts accepted at each position, the tokens the walk covered, and of
+    those the ones that are the target's own argmax (``agreed`` of ``compared``)."""
 
     k: int
     steps: int = 0
     accepted: list[int] = field(default_factory=list)
     tokens: int = 0
+    agreed: int = 0
+    compared: int = 0
 
     def __post_init__(self):
         self.accepted = self.accepted or [0] * self.k
@@ -68,6 +76,8 @@ class Walk:
     def add(self, other: Walk) -> None:
         self.steps += other.steps
         self.tokens += other.tokens
+        self.agreed += other.agreed
+        self.compared += other.compared
         self.accepted = [a + b for a, b in zip(self.accepted, other.accepted, strict=True)]
 
     def as_dict(self) -> dict:
@@ -77,7 +87,23 @@ class Walk:
         return {"drafts": steps, "accepted_tokens": sum(self.accepted), "tokens": self.tokens,
                 "accepted_per_position": list(self.accepted),
                 "acceptance_rate_per_position": [a / steps for a in self.accepted] if steps else [],
-                "tokens_per_step": 1.0 + sum(self.accepted) / steps if steps else None}
+                "tokens_per_step": 1.0 + sum(self.accepted) / steps if steps else None,
+                "exactness": exactness(self.agreed, self.compared)}
+
+
+def exactness(agreed: int, compared: int) -> dict:
+    """A predicted figure's label: ``exact`` where every answer token walked is the target's argmax (a server
+    would write the same tokens, so teacher forcing feeds the drafter what it would), else ``estimate``, with
+    the share that agrees (``agreement``): sampled answers walk text a greedy server would not write."""
+    return {"basis": "exact" if compared and agreed == compared else "estimate",
+            "agreement": round(agreed / compared, 4) if compared else None, "positions": compared}
+
+
+def agreement(input_ids: list[int], targets: list[int], first: int, last: int) -> tuple[int, int]:
+    """How many of the answer tokens at ``first`` to ``last`` are the target's argmax after the position before
+    them (the first one's from the prompt's prefill), and of how many."""
+    compared = range(max(first, 1), last + 1)
+    return sum(input_ids[p] == targets[p - 1] for p in compared), len(compared)
 
 
 def walk(drafts: list[list[int]], targets: list[int], first: int, last: int, end: int | None = None) -> Walk:
@@ -272,21 +298,28 @@ class Row:
     input_ids: torch.Tensor
     loss_mask: list[int]
     targets: list[int]
+    looping: bool = False
 
 
 def read_rows(merged: Path, stores: dict, head: TargetHead, skip: set[tuple[str, int]] = frozenset(),
-              limit: int = ROWS, tokens: int = TOKENS) -> list[Row]:
+              limit: int = ROWS, tokens: int = TOKENS, minimum: int = MIN_ROWS) -> list[Row]:
     """The held-out rows of the merged table, in its order, with the target's tokens computed from their stored
     hidden states (``stores``: each dataset's :class:`~draftsmith.hidden_states.store.HiddenStateStore`):
-    at most ``limit`` rows and ``tokens`` positions; ``skip``: ``(dataset, row)`` whose extraction failed."""
-    out, held = [], 0
+    at most ``limit`` rows and ``tokens`` positions, prompts included, but read on past ``tokens`` until
+    ``minimum`` of them do not loop (long rows: the checkpoint is chosen on those); ``skip``: ``(dataset,
+    row)`` whose extraction failed."""
+    from draftsmith.data.repetition import is_looping
+
+    out, held, plain = [], 0, 0
     for entry in held_out(merged, skip, limit):
-        if len(out) == limit or held >= tokens:
+        if len(out) == limit or (held >= tokens and plain >= minimum):
             break
         stored = read_states(stores, entry)
+        loops = is_looping(entry["input_ids"], entry["loss_mask"])
         out.append(Row((entry["dataset"], entry["source_row"]), torch.tensor(entry["input_ids"], dtype=torch.long),
-                       entry["loss_mask"], head.tokens(stored[:, -1])))
+                       entry["loss_mask"], head.tokens(stored[:, -1]), loops))
         held += len(entry["input_ids"])
+        plain += not loops
     return out
 
 
@@ -332,12 +365,15 @@ def read_states(stores: dict, entry: dict) -> torch.Tensor:
     return stored["hidden_states"]
 
 
-def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, k: int, window: int | None = None,
-            first_turn_only: bool = False) -> tuple[Walk, list[Walk]]:
-    """The walk over ``rows``, in total and per row (their hidden states read again, one row at a time);
+def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: list[int],
+            window: int | None = None, first_turn_only: bool = False) -> dict[int, tuple[Walk, list[Walk]]]:
+    """The walks over ``rows`` at each draft length of ``ks``, in total and per row (their hidden states read
+    again, one row at a time). The drafter drafts once, at the longest; the walk at each ``k`` is its own,
+    over the first ``k`` drafts of each step (as a server drafting ``k`` steps from where the last ended: a
+    shorter walk's steps start elsewhere, so its figures are not the longer walk's counts cut short).
     ``window``: at most that many tokens of each turn (what the export gate serves of it), and
     ``first_turn_only``: the first turn of each row (what the gate serves)."""
-    total, per_row = Walk(k), []
+    out = {k: (Walk(k), []) for k in ks}
     for row in rows:
         stored = read_states(stores, {"dataset": row.key[0], "source_row": row.key[1],
                                       "input_ids": row.input_ids.tolist()})
@@ -346,45 +382,58 @@ def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, k: i
         from_here = [0] * len(row.loss_mask)  # where the walks may draft from
         for first, served, _ in spans:
             from_here[first:served] = [1] * (served - first)
-        drafts = drafter.chains(row.input_ids, stored, k, from_here)
-        walked = Walk(k)
-        for first, served, last in spans:
-            walked.add(walk(drafts, row.targets, first, served, last))
-        total.add(walked)
-        per_row.append(walked)
-    return total, per_row
+        drafts = drafter.chains(row.input_ids, stored, max(ks), from_here)
+        tokens = row.input_ids.tolist()
+        agreed = [agreement(tokens, row.targets, first, served) for first, served, _ in spans]
+        for k, (total, per_row) in out.items():
+            walked = Walk(k, agreed=sum(a for a, _ in agreed), compared=sum(c for _, c in agreed))
+            for first, served, last in spans:
+                walked.add(walk(drafts[:k], row.targets, first, served, last))
+            total.add(walked)
+            per_row.append(walked)
+    return out
 
 
-def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, k: int, looping: list[bool]) -> dict:
+# What each served draft length keeps of its walk (the longest's is the entry itself).
+BY_K = ("acceptance_rate_per_position", "tokens_per_step", "drafts", "without_looping_rows")
+
+
+def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: list[int]) -> dict:
     """One checkpoint's predicted served figures over the validation ``rows``, with and without the rows whose
-    answers loop (``looping``): a loop is the easiest thing to predict, and traffic does not loop."""
-    total, per_row = predict(drafter, rows, stores, k)
-    plain = Walk(k)
-    for walked, loops in zip(per_row, looping, strict=True):
-        if not loops:
-            plain.add(walked)
-    return {**total.as_dict(), "k": k, "rows": len(rows),
-            "without_looping_rows": {**plain.as_dict(), "rows": looping.count(False)}}
+    answers loop (:func:`~draftsmith.data.repetition.is_looping`: a loop is the easiest thing to predict, and
+    traffic does not loop): at the longest of the served draft lengths ``ks`` (what the pick serves before
+    the grid has run, and what the checkpoint is chosen by), and each length's own under ``by_k``."""
+    by_k = {}
+    for k, (total, per_row) in predict(drafter, rows, stores, ks).items():
+        plain = Walk(k)
+        for walked, row in zip(per_row, rows, strict=True):
+            if not row.looping:
+                plain.add(walked)
+        by_k[k] = {**total.as_dict(), "k": k, "rows": len(rows),
+                   "without_looping_rows": {**plain.as_dict(), "rows": sum(not r.looping for r in rows)}}
+    chosen = max(ks)
+    return {**by_k[chosen], "by_k": {str(k): {key: figures[key] for key in BY_K} for k, figures in by_k.items()}}
 
 
 def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged: Path, stores: dict,
-                   skip: set[tuple[str, int]], target_dir: Path, k: int | None, device: str) -> None:
+                   skip: set[tuple[str, int]], target_dir: Path, ks: list[int], device: str) -> None:
     """Each validated epoch's predicted served figures (:func:`epoch_figures`), added to its entry as
-    ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. ``k``: EAGLE-3's
-    chain (None for a block family, which drafts its block). A replay that fails (memory, an unreadable row)
-    leaves the epochs without it, saying why: the simulated τ chooses then."""
-    from draftsmith.data.repetition import is_looping
-
+    ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. ``ks``: the draft
+    lengths EAGLE-3 is served at (``evaluation.num_speculative_tokens``; a block family drafts its block). A
+    replay that fails (memory, an unreadable row) or has no rows leaves the epochs without it, saying why
+    (``predicted_served_failed``, ``predicted_served_skipped``): the simulated τ chooses then."""
     try:
         head = TargetHead(target_dir, device)
         rows = read_rows(merged, stores, head, skip)
-        looping = [is_looping(row.input_ids.tolist(), row.loss_mask) for row in rows]
         del head
+        if not rows:
+            skipped(validation, NO_ROWS)
+            return
         for entry in validation:
-            if entry.get("epoch") in checkpoints and rows:
+            if entry.get("epoch") in checkpoints:
                 drafter = load_drafter(checkpoints[entry["epoch"]], target_dir, device)
                 entry["predicted_served"] = epoch_figures(
-                    drafter, rows, stores, drafter.per_step if isinstance(drafter, BlockDrafter) else k, looping)
+                    drafter, rows, stores, [drafter.per_step] if isinstance(drafter, BlockDrafter) else ks)
                 del drafter
     except Exception as err:  # memory, a row, another speculators' API: the trained epochs stand
         log.warning("the predicted served acceptance could not be computed (%s: %s); the simulated τ chooses the "
@@ -394,22 +443,35 @@ def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged:
             entry["predicted_served_failed"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
 
 
+ONLINE = "skipped: online hidden states, none stored to replay on"
+NO_ROWS = "skipped: no validation rows with stored hidden states to replay"
+
+
+def skipped(validation: list[dict], reason: str) -> None:
+    """Each epoch's entry saying why it has no predicted served figures (``predicted_served_skipped``)."""
+    for entry in validation:
+        entry["predicted_served_skipped"] = reason
+
+
 def at_gate(checkpoint: Path, merged: Path, stores: dict, skip: set[tuple[str, int]], target_dir: Path, rows: int,
-            k: int, window: int, device: str) -> dict | None:
+            k: int, window: int, device: str) -> tuple[dict | None, str | None]:
     """What the export gate's server should accept: the exported checkpoint replayed on the gate's own rows
-    (the first ``rows`` validation rows but ``skip``), first turns and ``window``; None, saying why, when the
-    replay fails."""
+    (the first ``rows`` validation rows but ``skip``), first turns and ``window``; else None and why (the
+    replay failed, or had no rows). Its ``exactness`` says whether the gate's greedy server continues the
+    stored answers (greedy ones) or other text (sampled ones: an estimate)."""
     try:
         head = TargetHead(target_dir, device)
         held = read_rows(merged, stores, head, skip, limit=rows, tokens=2**62)
         del head
-        walked, _ = predict(load_drafter(checkpoint, target_dir, device), held, stores, k, window=window,
-                            first_turn_only=True)
+        if not held:
+            return None, NO_ROWS
+        walked, _ = predict(load_drafter(checkpoint, target_dir, device), held, stores, [k], window=window,
+                            first_turn_only=True)[k]
     except Exception as err:  # as in predict_epochs: the gate judges without it
         log.warning("the gate's predicted acceptance could not be computed (%s: %s); the gate judges the first "
                     "position by validation accuracy", type(err).__name__, err, exc_info=True)
-        return None
-    return {**walked.as_dict(), "rows": len(held), "window": window}
+        return None, f"the replay failed ({type(err).__name__}: {(str(err).splitlines() or [''])[0]})"
+    return {**walked.as_dict(), "rows": len(held), "window": window}, None
 
 
 def open_stores(manifests: list[Path], verify: str | None = None) -> tuple[dict, set[tuple[str, int]]]:

@@ -35,6 +35,7 @@ from draftsmith.core import jsonl, platform
 from draftsmith.core.atomic import atomic_path, write_json
 from draftsmith.training import families
 from draftsmith.training import speculators_patches as patches
+from draftsmith.training.export import basis_text
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +470,8 @@ def finished(metrics_file: Path, save_dir: Path, epochs: int) -> list[dict] | No
 def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dict]:
     """The epoch checkpoint a server would accept most from: the best predicted served tokens per step on the
     validation rows whose answers do not loop (:mod:`draftsmith.training.replay`, where every validated epoch
-    has it; on every row where all loop), else the best simulated τ (the last checkpoint when no epoch was
+    has it; on every row where all loop), at the draft length the pick serves, labelled exact or estimate;
+    else the best simulated τ, saying why no prediction chose (the last checkpoint when no epoch was
     validated)."""
     epochs = epoch_checkpoints(save_dir)
     predicted = [(served_figure(v["predicted_served"]), v["epoch"]) for v in validation
@@ -477,20 +479,34 @@ def choose_checkpoint(save_dir: Path, validation: list[dict]) -> tuple[Path, dic
     if predicted and len(predicted) == sum(v.get("epoch") in epochs for v in validation):
         tau, epoch = max(predicted)
         figures = next(v for v in validation if v["epoch"] == epoch)
-        plain = figures["predicted_served"].get("without_looping_rows") or {}
+        served = figures["predicted_served"]
+        plain = served.get("without_looping_rows") or {}
         rows = f"{plain['rows']} validation rows whose answers do not loop" if plain.get("rows") else \
-            f"{figures['predicted_served']['rows']} validation rows"
+            f"{served['rows']} validation rows"
+        at = f" at k={served['k']}" if served.get("k") else ""
         return epochs[epoch], {"epoch": epoch, "simulated_tau": simulated_tau(figures), "predicted_served_tau": tau,
-                               "reason": f"best predicted served τ {tau:.3f} (the drafter replayed on {rows}, as a "
-                                         f"server drafts and verifies) of {len(predicted)} epochs; speculators' "
-                                         f"simulated τ there {simulated_tau(figures):.3f}"}
+                               "k": served.get("k"), "exactness": served.get("exactness"),
+                               "reason": f"best predicted served τ {tau:.3f}{at} (the drafter replayed on {rows}, "
+                                         f"as a server drafts and verifies; {basis_text(served.get('exactness'))}) "
+                                         f"of {len(predicted)} epochs; speculators' simulated τ there "
+                                         f"{simulated_tau(figures):.3f}"}
     scored = [(simulated_tau(v), v["epoch"]) for v in validation if v.get("epoch") in epochs]
     if not scored:
         last = max(epochs)
         return epochs[last], {"epoch": last, "reason": "last epoch (no validation metrics)", "simulated_tau": None}
     tau, epoch = max(scored)
-    return epochs[epoch], {"epoch": epoch, "simulated_tau": tau,
-                           "reason": f"best simulated τ {tau:.3f} of {len(scored)} validated epochs"}
+    why_not = next(filter(None, map(predicted_missing, validation)), None)
+    return epochs[epoch], {"epoch": epoch, "simulated_tau": tau, "predicted_missing": why_not,
+                           "reason": f"best simulated τ {tau:.3f} of {len(scored)} validated epochs"
+                                     + (f"; no predicted served τ: {why_not}" if why_not else "")}
+
+
+def predicted_missing(entry: dict) -> str | None:
+    """Why an epoch's entry has no predicted served figures: the replay failed (its error) or was skipped
+    (``predicted_served_skipped``: online hidden states, no rows); None where it has them or predates both."""
+    if entry.get("predicted_served_failed"):
+        return f"the replay failed ({entry['predicted_served_failed']})"
+    return entry.get("predicted_served_skipped")
 
 
 def served_figure(predicted: dict) -> float | None:
