@@ -199,8 +199,8 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
     assert "DFlash, 7 draft tokens: speed-up 1.10×, 1.600 tokens per target step" in text
     assert "**n-gram, which needs no drafter, beat this drafter here**: 1 draft token, speed-up 1.05×" in text
     assert "speed-up 1.050 against this drafter's 0.500" in text
-    # On a GPU, where at 8 the target alone beat DFlash (0.50×), the card says to serve without speculation there,
-    # and still names n-gram, which beat both.
+    # On a GPU, where at 8 the target alone beat DFlash (0.50×) and n-gram beat both, the card names n-gram and
+    # never also says to serve without speculation there.
     on_gpus = card(CardInputs(base_model="b/m", config_digest="0", datasets={},
                               results={**FAMILIES, "on_accelerator": True}, training=DFLASH_TRAINING, merge=MERGE,
                               prompts=PROMPTS, train_config={"epochs": 3, "lr": 1e-3, "optimizer": "muon",
@@ -208,8 +208,8 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
                                                              "loss_fn": None},
                               drafter_config=dflash, sglang_reason="not EAGLE-3"))
     band_8 = on_gpus.split("### Concurrency 8 and above")[1]
-    assert band_8.index("**Serve without speculation here**: the target alone was faster than DFlash at every "
-                        "draft length (its best, 7 draft tokens: speed-up 0.50×") < band_8.index("vllm serve b/m\n")
+    assert "The target alone was faster than DFlash here at every draft length (its best, 7 draft tokens: " \
+        "speed-up 0.50×" in band_8 and "Serve without speculation" not in band_8 and "vllm serve b/m\n" not in band_8
     assert "**n-gram, which needs no drafter, beat this drafter here**" in band_8
     assert "Serve without speculation" not in on_gpus.split("### Concurrency 8 and above")[0]
     assert "speed-ups that matter" not in on_gpus
@@ -245,7 +245,8 @@ def test_a_training_free_method_that_beat_the_published_drafter_is_named_though_
     band_16 = card(card_inputs(results)).split("### Concurrency 16 and above")[1].split("## ")[0]
     assert "**n-gram, which needs no drafter, beat this drafter here**: 3 draft tokens, speed-up 1.10×" in band_16
     assert '"method": "ngram", "num_speculative_tokens": 3' in band_16
-    assert "Serve without speculation here" in band_16  # and on GPUs the target alone beat EAGLE-3's 0.90× too
+    # on GPUs the target alone beat EAGLE-3's 0.90× too, but n-gram beat both: only n-gram is served there
+    assert "Serve without speculation" not in band_16 and "The target alone was faster than EAGLE-3 here" in band_16
 
 
 def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(tmp_path):
@@ -347,3 +348,43 @@ def test_the_report_and_the_card_show_served_against_predicted_by_position_and_f
     assert "Over 8 rows: 112 drafts predicted, 115 served." in text
     assert "| 2 | 0.027 | 0.010 | 0.37 | **below 0.8** |" in card(card_inputs(RESULTS, gate=gate))
     assert "Served against predicted" not in card(card_inputs(RESULTS, gate=GATE))  # a gate from before: none
+
+
+def test_every_predicted_figure_says_exact_or_estimate_and_a_replay_that_did_not_run_says_why(tmp_path):
+    """Sampled answers make the replay an estimate: the report, the card and the gate's table say so with the
+    agreement share. A replay that failed, was skipped (online hidden states) or had no rows is named where the
+    figure would stand."""
+    from draftsmith.evaluation.model_card import card
+
+    estimate = {"basis": "estimate", "agreement": 0.874, "positions": 900}
+    served = {"rows": 20, "k": 3, "tokens_per_step": 1.3, "exactness": estimate,
+              "without_looping_rows": {"rows": 18, "tokens_per_step": 1.25},
+              "by_k": {"1": {"tokens_per_step": 1.2, "without_looping_rows": {"rows": 18, "tokens_per_step": 1.18}},
+                       "3": {"tokens_per_step": 1.3, "without_looping_rows": {"rows": 18, "tokens_per_step": 1.25}}}}
+    training = {**TRAINING, "validation": [{**e, "predicted_served": served} for e in TRAINING["validation"]]}
+    gate = {**GATE, "acceptance": {"drafts": 115, "acceptance_rate_per_position": [0.3, 0.02, 0.0]},
+            "predicted": {"rows": 8, "drafts": 112, "acceptance_rate_per_position": [0.2, 0.027, 0.0],
+                          "exactness": estimate},
+            "positions": [{"position": 1, "predicted": 0.2, "served": 0.3, "ratio": 1.5, "flag": True,
+                           "direction": "above"}]}
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, training, gate, gates={"eagle3": gate}))
+    label = "estimate: the stored answer tokens are the target's argmax at 87.4% of positions"
+    assert f"Predicted served τ at k=3: {label} (sampled answers" in text
+    assert "Each served draft length's own walk (without looping rows): epoch 1 k=1 1.180, k=3 1.250;" in text
+    assert "| 1 | 0.200 | 0.300 | 1.50 | **above 1.25** |" in text and f"Predicted: {label}" in text
+    assert f"Predicted: {label}" in card(card_inputs(RESULTS, gate=gate))
+
+    online = {**TRAINING, "validation": [{**e, "predicted_served_skipped": "skipped: online hidden states, none "
+                                          "stored to replay on"} for e in TRAINING["validation"]]}
+    failed = {**TRAINING, "validation": [{**e, "predicted_served_failed": "OutOfMemoryError: CUDA out of memory"}
+                                         for e in TRAINING["validation"]]}
+    no_prediction = {**GATE, "served": True, "predicted": None, "positions": [],
+                     "predicted_missing": "skipped: online hidden states, none stored to replay on"}
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, online, no_prediction,
+                                   gates={"eagle3": no_prediction}))
+    assert "No predicted served τ: skipped: online hidden states, none stored to replay on; the simulated τ" in text
+    assert "No prediction to set beside the served acceptance: skipped: online hidden states" in text
+    assert "No prediction to set beside the served acceptance: skipped" in card(card_inputs(RESULTS,
+                                                                                            gate=no_prediction))
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, failed, GATE))
+    assert "No predicted served τ: the replay failed (OutOfMemoryError: CUDA out of memory)" in text

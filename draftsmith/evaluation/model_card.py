@@ -17,9 +17,9 @@ import yaml
 
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
-from draftsmith.evaluation.pick import FIGURES, figures
-from draftsmith.evaluation.schedule import describe
-from draftsmith.training.export import GATE_WINDOW, PREDICTED_SHARE
+from draftsmith.evaluation.pick import FIGURES, figures, tool_use
+from draftsmith.evaluation.schedule import best_single, describe
+from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, basis_text
 
 
 @dataclass
@@ -52,9 +52,28 @@ def front_matter(inputs: CardInputs) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-def bands(concurrencies: list[int]) -> list[str]:
-    """The concurrencies each measured point stands for: up to the next one measured."""
+def bands(concurrencies: list[int], plan: dict | None = None) -> list[str]:
+    """The batch sizes each measured concurrency stands for: from where its engine ran (the schedule's band
+    starts, :func:`draftsmith.evaluation.schedule.band_starts`) up to the next band's start, the last up to its
+    concurrency with those above named unmeasured. Results from before the schedule recorded its starts: from
+    each concurrency up to the next one measured."""
     points = sorted(concurrencies)
+    starts = (plan or {}).get("starts") or {}
+    if [int(c) for c in starts] != points:
+        return _concurrency_bands(points)
+    out = []
+    for i, c in enumerate(points):
+        first = starts[str(c)]
+        last = starts[str(points[i + 1])] - 1 if i + 1 < len(points) else c
+        span = f"batch size {first}" if first == last else f"batch sizes {first} to {last}"
+        running = (plan.get("running") or {}).get(str(c))
+        ran = f", where the engine ran {running:.1f} on average" if i and running is not None else ""
+        out.append(f"{span} (measured at concurrency {c}{ran})"
+                   + (f"; above {c} unmeasured, served at its setting" if i + 1 == len(points) else ""))
+    return out
+
+
+def _concurrency_bands(points: list[int]) -> list[str]:
     if len(points) == 1:
         return [f"any concurrency (measured at {points[0]})"]
     middle = [f"{c} to {n - 1} (measured at {c})" for c, n in itertools.pairwise(points[1:])]
@@ -83,22 +102,34 @@ def serving(inputs: CardInputs) -> list[str]:
     accelerator = results.get("on_accelerator")
     where = (f"a GPU, ranked by {figure}" if accelerator else
              f"a CPU (vLLM's CPU build), ranked by {figure}: there drafting costs about as much as a target step, "
-             "so the target alone is faster at almost every setting and the speed-ups say nothing of a GPU's. What "
-             "carries over is tokens per target step and the draft length that earns the most of them; the "
-             "speed-ups that matter come from your GPUs: measure them with `./run.sh` and `server.gpus` set")
+             "so the target alone is faster at almost every setting and the speed-ups say nothing of a GPU's. "
+             "Ranked by tokens per target step, a CPU always prefers the largest draft length measured (each more "
+             "draft token adds accepted tokens at no cost that it can see), so the draft lengths below say nothing "
+             "of a GPU's best: the speed-ups that matter come from your GPUs, and with them the draft length that "
+             "earns the most: measure them with `./run.sh` and `server.gpus` set")
     lines = ["## Serving recipe", "",
              f"Measured by draftsmith with {results['engine']} at concurrency "
              f"{', '.join(map(str, results['concurrency']))} (each the requests held in flight), each setting "
              f"against the target alone, on {where}. Tokens per target step count every step.", ""]
     evaluation = results["methods"].get(family, {})
-    for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"]), strict=True):
+    for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"], results.get("schedule")),
+                       strict=True):
         entry = by_concurrency.get(c, {})
         ranked = entry.get("ranked", [])
         ours = next((i for i, cell in enumerate(ranked) if cell["method"] == family), None)
         plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), None)
-        lines += [f"### Concurrency {band}", ""]
+        lines += [f"### {band[0].upper()}{band[1:]}" if band.startswith("batch") else f"### Concurrency {band}", ""]
+        lines += _not_held(entry)
         if ours is None:
             lines += [f"{DISPLAY_NAME[family]} was not measured at this concurrency.", ""]
+        elif accelerator and plain is not None and plain < ours and _training_free_ahead(inputs, ranked, ours, figure):
+            lines += [f"The target alone was faster than {DISPLAY_NAME[family]} here at every draft length (its best, "
+                      f"{_tokens(ranked[ours]['k'])}: {_figures(ranked[ours])}), and a method that needs no drafter "
+                      "was faster than both:", ""]
+        elif accelerator and plain is not None and plain < ours and entry.get("nothing_held"):
+            lines += [f"{DISPLAY_NAME[family]} read slower than the target alone here (its best, "
+                      f"{_tokens(ranked[ours]['k'])}: {_figures(ranked[ours])}) in windows that did not hold: no "
+                      "setting is recommended at this band until it is measured again.", ""]
         elif accelerator and plain is not None and plain < ours:
             lines += [f"**Serve without speculation here**: the target alone was faster than {DISPLAY_NAME[family]} "
                       f"at every draft length (its best, {_tokens(ranked[ours]['k'])}: "
@@ -121,6 +152,19 @@ def serving(inputs: CardInputs) -> list[str]:
     if not evaluation.get("cells"):
         lines += ["", f"{DISPLAY_NAME[family]} was not measured here."]
     return lines
+
+
+def _not_held(entry: dict) -> list[str]:
+    """What did not hold at a band: each cell ranked at what it delivered, and a band where nothing held said
+    so, so that no verdict there (plain serving's least of all) reads as measured at its concurrency."""
+    if not entry.get("not_held"):
+        return []
+    cells = "; ".join(f"{DISPLAY_NAME.get(n['method'], n['method'])} {_tokens(n['k'])}: {n['why']}"
+                      for n in entry["not_held"])
+    if entry.get("nothing_held"):
+        return [f"**No method held this concurrency** ({cells}): the figures here are what was measured as it ran, "
+                "the band is unmeasured, and the target alone did not win it.", ""]
+    return [f"Ranked at what it delivered, not at the concurrency it did not hold: {cells}.", ""]
 
 
 def _training_free_ahead(inputs: CardInputs, ranked: list[dict], ours: int | None, figure: str) -> list[str]:
@@ -152,13 +196,26 @@ def schedule(inputs: CardInputs) -> list[str]:
     served = inputs.serving
     if not served:
         return []
+    if inputs.results.get("engine", "vllm") != "vllm":  # a vLLM schedule from another engine's cells: never served
+        return ["## One config for every batch size", "",
+                f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) is vLLM's only, and "
+                f"these figures were measured with {inputs.results['engine']}: no schedule is given, since none was "
+                "measured. Use the per-band commands above."]
+    single = best_single(inputs.results.get("serving", []), inputs.family)
+    lead = [] if single is None else [
+        f"**{DISPLAY_NAME[single['method']]}, which needs no drafter, beat this drafter at every measured "
+        f"concurrency**: it is the best single config for every batch size ({_tokens(single['k'])}):", "", "```bash",
+        _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```", "",
+        "This drafter's own config for every batch size, if you serve it:", ""]
     plan, config = served["schedule"], served["speculative_config"]
     command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
     if plan["kind"] == "plain":
-        said = ["The target alone was fastest at every measured concurrency: serve without speculation."]
+        said = ["The target alone was fastest at every measured concurrency"
+                + (" that held" if plan.get("not_held") else "") + ": serve without speculation." + _unmeasured(plan)]
     elif plan["kind"] == "fixed":
         said = [f"{DISPLAY_NAME[plan['family']]} drafts {_tokens(plan['max_k'])} at every measured concurrency, so "
-                "one fixed config serves every batch size; the grid measured it (`serving.json` holds it):"]
+                "one fixed config serves every batch size; the grid measured it (`serving.json` holds it)."
+                + _unmeasured(plan)]
     else:
         failed = [c["failed"] for c in (served.get("measured") or {}).get("cells", []) if c.get("failed")]
         said = [f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`, read by its "
@@ -168,7 +225,26 @@ def schedule(inputs: CardInputs) -> list[str]:
                         "schedule: use the per-band commands above). vLLM ignores it with data parallelism "
                         "(`--data-parallel-size` above 1), serving the largest k at every batch size:")]
         command = ([] if failed else command) + ["", *schedule_table(served.get("measured") or {}, inputs.results)]
-    return ["## One config for every batch size", "", *said, "", *command]
+    return ["## One config for every batch size", "", *lead, *said, "", *command, *_cpu_caveat(inputs.results)]
+
+
+def _unmeasured(plan: dict) -> str:
+    """A fixed or plain schedule's batch sizes that no cell measured as held: above the largest concurrency
+    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`describe` names them)."""
+    above = plan.get("unmeasured_above")
+    said = [f" Batch sizes from {above['from']} up are unmeasured (the largest concurrency measured was "
+            f"{above['from'] - 1}): vLLM serves them at the same setting."] if above else []
+    said += [f" Concurrency {c} did not hold ({why}): unmeasured." for c, why in (plan.get("not_held") or {}).items()]
+    return "".join(said)
+
+
+def _cpu_caveat(results: dict) -> list[str]:
+    """Beside a config measured on a CPU: its draft length is the largest measured, which a CPU always prefers."""
+    if results.get("on_accelerator", True):
+        return []
+    return ["", "Measured on a CPU and ranked by tokens per target step, which always rise with the draft length: "
+                "this config's draft length is the largest measured, not a GPU's best. Measure on your GPUs before "
+                "serving it there."]
 
 
 def schedule_table(measured: dict, results: dict) -> list[str]:
@@ -193,22 +269,31 @@ def schedule_table(measured: dict, results: dict) -> list[str]:
 
 
 def gate_table(gate: dict) -> list[str]:
-    """A gate's served acceptance by position beside the predicted one (gates from before it had none: none)."""
+    """A gate's served acceptance by position beside the predicted one, labelled exact or estimate; where the
+    gate was served with no prediction, why (gates from before either: none)."""
     positions = gate.get("positions") or []
     if not positions:
-        return []
+        return [f"No prediction to set beside the served acceptance: {gate['predicted_missing']}."] \
+            if gate.get("predicted_missing") else []
     predicted = gate.get("predicted") or {}
     rows = [f"| {p['position']} | {p['predicted']:.3f} | {p['served']:.3f} | {_num(p['ratio'], '.2f')} | "
             + _flag(p) + " |" for p in positions]
     return ["| position | predicted | served | served / predicted | |", "|---:|---:|---:|---:|---|", *rows, "",
             f"Over {predicted.get('rows', '–')} rows: {_num(predicted.get('drafts'), 'g')} drafts predicted, "
-            f"{_num(gate['acceptance'].get('drafts'), 'g')} served."]
+            f"{_num(gate['acceptance'].get('drafts'), 'g')} served. Predicted: "
+            f"{basis_text(predicted.get('exactness'))}"
+            + ("" if (predicted.get("exactness") or {}).get("basis") in (None, "exact") else
+               " (the gate's server continues them greedily: it serves other text than the replay walks)") + "."]
 
 
 def _flag(position: dict) -> str:
     if position["flag"] is None:
         return f"too few to judge ({position.get('predicted_accepted', 0)} predicted accepted)"
-    return f"**below {PREDICTED_SHARE:g}**" if position["flag"] else ""
+    if not position["flag"]:
+        return ""
+    if position.get("direction") == "above":
+        return f"**above {ABOVE_SHARE:g}**"
+    return f"**below {PREDICTED_SHARE:g}**"  # gates from before the flag looked both ways: below
 
 
 def predicted_against_served(inputs: CardInputs) -> list[str]:
@@ -234,6 +319,58 @@ def load_changed(results: dict) -> list[str]:
     return lines + [f"- concurrency {c['concurrency']}, {c['set']}, T={c['temperature']:g}: "
                     + ", ".join(f"{DISPLAY_NAME.get(m, m)} {v:g} tok/s" for m, v in c["baseline_tok_s"].items())
                     + f" ({c['spread']:+.0%})" for c in changes]
+
+
+def recipe_by_workload(results: dict) -> list[str]:
+    """Per workload (``serving_by_workload``, written where the prompt sets hold two or more), each
+    concurrency's best setting and the best trained against the best training-free one, ranked on that
+    workload's sets alone, beside the pooled best: agent traffic that repeats its context may want another
+    method than chat."""
+    per, workloads = results.get("serving_by_workload") or {}, results.get("workloads") or {}
+    if not per:
+        return []
+    pooled = {e["concurrency"]: e.get("best") for e in results.get("serving", [])}
+    lines = ["## Recipe per workload", "",
+             f"Each workload's prompt sets ranked alone, by {FIGURES[results['pick']['by']]}, beside the best of all "
+             "sets pooled; where they differ, serve the workload's own at that concurrency."]
+    for workload, entries in per.items():
+        sets = ", ".join(sorted(name for name, w in workloads.items() if w == workload))
+        lines += ["", f"### {workload} ({sets})", "",
+                  "| concurrency | best | best trained | best training-free | pooled best |", "|---:|---|---|---|---|"]
+        for entry in entries:
+            unheld = " (no method held it)" if entry.get("nothing_held") else ""
+            lines.append(f"| {entry['concurrency']} | {_setting(entry.get('best'))}{unheld} | "
+                         f"{_setting(entry.get('best_trained'))} | {_setting(entry.get('best_training_free'))} | "
+                         f"{_setting(pooled.get(entry['concurrency']))} |")
+    return lines
+
+
+def _setting(cell: dict | None) -> str:
+    """A ranked cell in a few words: method, draft length and its figures."""
+    if not cell:
+        return "–"
+    k = "" if cell["method"] == PLAIN else f" k={cell['k']}"
+    return (f"{DISPLAY_NAME.get(cell['method'], cell['method'])}{k}: {_num(cell['speedup'], '.2f')}×, "
+            f"{_num(cell['tokens_per_step'], '.3f')} tok/step")
+
+
+NO_TOOL_CALLS = "the target made no tool calls on this set: its figures measure plain answers to tool prompts"
+
+
+def tool_calls(results: dict) -> list[str]:
+    """How many tool calls the target made on each set sent with tools; a set with none is named, since its
+    figures then measure text answers, not the calls and results agent traffic holds."""
+    used, workloads = tool_use(results.get("methods") or {}), results.get("workloads") or {}
+    if not used:
+        return []
+    lines = ["## Tool calls", "",
+             "Sets with tools were sent them on every request (`tool_choice: auto`), each call answered with the "
+             "dataset's result as generation pairs them; the calls the target made, over every window measured:", ""]
+    for name, counts in used.items():
+        workload = f" ({workloads[name]})" if name in workloads else ""
+        lines.append(f"- {name}{workload}: {counts['tool_calls']} tool calls in {counts['requests_with_tools']} "
+                     "requests with tools" + ("" if counts["tool_calls"] else f"; **{NO_TOOL_CALLS}**"))
+    return lines
 
 
 def _tokens(k: int) -> str:
@@ -272,10 +409,12 @@ def results_table(results: dict) -> list[str]:
              f"{results['engine']} on held-out prompts (decontaminated against the training prompts):", "",
              "| prompt set | prompts | temperature | τ (pooled) | tokens / step | acceptance by position |",
              "|---|---:|---:|---:|---:|---|"]
+    silent = {name for name, counts in tool_use(results.get("methods") or {}).items() if not counts["tool_calls"]}
     for run in results["runs"]:
         acc = run["acceptance"]
         per_pos = ", ".join(f"{r:.2f}" for r in acc.get("acceptance_rate_per_position", []))
-        lines.append(f"| {run['set']} | {run['prompts']} | {run['temperature']:g} | {_num(acc['tau_pooled'], '.3f')} | "
+        name = f"{run['set']} (no tool calls: see below)" if run["set"] in silent else run["set"]
+        lines.append(f"| {name} | {run['prompts']} | {run['temperature']:g} | {_num(acc['tau_pooled'], '.3f')} | "
                      f"{_num(acc.get('tokens_per_step'), '.3f')} | {per_pos} |")
     return lines
 
@@ -355,7 +494,9 @@ def card(inputs: CardInputs) -> str:
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
              f"`{inputs.base_model}`. The license of the base model applies.", "",
              *serving(inputs), "", *_section(schedule(inputs)), *_section(load_changed(inputs.results)),
-             *results_table(inputs.results), "", *_section(predicted_against_served(inputs)),
+             *_section(recipe_by_workload(inputs.results)),
+             *results_table(inputs.results), "", *_section(tool_calls(inputs.results)),
+             *_section(predicted_against_served(inputs)),
              *_section(pick(inputs.results)),
              *training_data(inputs), "",
              *recipe(inputs), "",

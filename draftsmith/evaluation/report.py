@@ -7,10 +7,10 @@ from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
-from draftsmith.evaluation.model_card import gate_table, load_changed, schedule_table
+from draftsmith.evaluation.model_card import gate_table, load_changed, recipe_by_workload, schedule_table, tool_calls
 from draftsmith.evaluation.pick import FIGURES, figures, label_of
 from draftsmith.evaluation.schedule import describe
-from draftsmith.training.export import FLAG_MIN_ACCEPTED, GATE_WINDOW, PREDICTED_SHARE
+from draftsmith.training.export import ABOVE_SHARE, FLAG_MIN_ACCEPTED, GATE_WINDOW, PREDICTED_SHARE, basis_text
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
 
@@ -237,7 +237,8 @@ def _serving(results: dict) -> list[str]:
     if asked != results["pick"]["by"]:
         lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by): measured on a CPU, where drafting "
                   "costs about as much as a target step, so the target alone is faster everywhere and speed-ups say "
-                  "nothing of a GPU's. The tokens per step and the best draft length carry over.", ""]
+                  "nothing of a GPU's. The tokens per step carry over; the best draft length does not: ranked by "
+                  "tokens per step, the largest draft length measured always wins.", ""]
     lines += [
               "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
               "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]
@@ -255,6 +256,14 @@ def _serving(results: dict) -> list[str]:
                      f"{_fmt(best['speedup'], '.2f')}× | {_fmt(best['tokens_per_step'], '.3f')} | {margin} | "
                      f"{_cell_name(trained)} | {_cell_name(free)} | "
                      f"{'–' if bought is None else f'{bought:+.1%}'} |")
+        if entry.get("not_held"):  # ranked at what they delivered; results from before say nothing
+            cells = "; ".join(f"{DISPLAY_NAME.get(n['method'], n['method'])} k={n['k']}: {n['why']}"
+                              for n in entry["not_held"])
+            plain.append(f"**At concurrency {entry['concurrency']}, "
+                         + ("no method held the concurrency** (" if entry.get("nothing_held") else
+                            "some cells did not hold it** (") + f"{cells}): ranked at what they delivered"
+                         + ("; this band is unmeasured, and plain serving did not win it." if entry.get("nothing_held")
+                            else "."))
         if entry.get("plain_wins"):
             plain.append(f"**At concurrency {entry['concurrency']}, plain serving (no speculation) is fastest**: "
                          "every method measured there slowed the target down; serve without speculation.")
@@ -371,6 +380,28 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
                      + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {_fmt(predicted.get('tokens_per_step'), '.3f')} | "
                      + (f"{_fmt(plain.get('tokens_per_step'), '.3f')} ({plain['rows']} of {predicted['rows']} rows)"
                         if plain else "–") + f" | {_minutes(e.get('train_s'))} | {mark} |")
+    return lines + _predicted_basis(validation)
+
+
+def _predicted_basis(validation: list[dict]) -> list[str]:
+    """Under the epochs' table: what the predicted served τ is (exact or an estimate, at which draft length, and
+    at each served one), or why there is none."""
+    from draftsmith.training.train import predicted_missing, served_figure
+
+    served = next((e["predicted_served"] for e in validation if e.get("predicted_served")), None)
+    if served is None:
+        why_not = next(filter(None, map(predicted_missing, validation)), None)
+        return ["", f"No predicted served τ: {why_not}; the simulated τ chose the checkpoint."] if why_not else []
+    at = f" at k={served['k']}" if served.get("k") else ""
+    sampled = (served.get("exactness") or {}).get("basis") not in (None, "exact")
+    lines = ["", f"Predicted served τ{at}: {basis_text(served.get('exactness'))}"
+             + (" (sampled answers: the replay teacher-forces the drafter on them and walks them, where a server "
+                "walks its own)" if sampled else "") + "."]
+    if len(served.get("by_k") or {}) > 1:
+        lines.append("Each served draft length's own walk (without looping rows): " + "; ".join(
+            f"epoch {e['epoch'] + 1} " + ", ".join(f"k={k} {_fmt(served_figure(figures), '.3f')}"
+                                                  for k, figures in e["predicted_served"]["by_k"].items())
+            for e in validation if (e.get("predicted_served") or {}).get("by_k")) + ".")
     return lines
 
 
@@ -457,6 +488,52 @@ def _generation(generation_stats: dict[str, dict]) -> list[str]:
     return lines
 
 
+TOKEN_SOURCE = {"model": "the model's own ids", "template": "the template's rendering"}
+
+
+def _tool_data(generation_stats: dict[str, dict], tokenized: dict[str, dict] | None) -> list[str]:
+    """Per generated dataset with tools: the conversations and calls regenerated, the conversations cut (by
+    reason) and ended with fewer calls than the dataset made, the supervised tokens of the turns that called
+    tools, and where the calls' tokens came from. Datasets without tools, and stats from before tools, none."""
+    names = [n for n, st in generation_stats.items()
+             if st.get("rows_with_tools") or ((tokenized or {}).get(n) or {}).get("tools", {}).get("rows_with_tools")]
+    if not names:
+        return []
+    lines = ["## Tool-call data", "",
+             "Rows with tools regenerated with their tools sent on every request, the model's calls paired in order "
+             "with the dataset's results; a call that cannot be paired cuts the conversation there (its turn kept), "
+             "and a stretch the model ended with fewer calls than the dataset made is a natural end, counted apart. "
+             "Supervised tokens in calling turns: whole assistant turns that made calls (the calls' markup and any "
+             "text beside it); a tool result is never supervised.", "",
+             "| dataset | rows with tools | tool calls regenerated | conversations cut (by reason) | "
+             "fewer-calls ends | supervised tokens in calling turns | tool-result tokens supervised | "
+             "tool-call tokens from |",
+             "|---|---:|---:|---|---:|---:|---:|---|"]
+    for name in names:
+        st, tools = generation_stats[name], ((tokenized or {}).get(name) or {}).get("tools") or {}
+        rows, cuts = st.get("rows_with_tools", 0), st.get("cuts_by_reason") or {}
+        sources = st.get("tool_call_token_source") or {}
+        source = ", ".join(f"{TOKEN_SOURCE.get(k, k)} ({n})" for k, n in sources.items())
+        lines.append(f"| {name} | {rows} | {st.get('tool_calls', '–')} | {_cuts(cuts, rows)} | "
+                     f"{st.get('fewer_calls', '–')} | "
+                     f"{tools.get('tool_call_tokens', '–')} | {tools.get('tool_result_tokens_supervised', '–')} | "
+                     f"{source or '–'} |")
+    if any((st.get("tool_call_token_source") or {}).get("template") for st in generation_stats.values()):
+        lines += ["", "A hosted API returns text: the calls' tokens are the template's rendering of the calls the API "
+                      "returned, not the ids the model sampled."]
+    return lines
+
+
+def _cuts(cuts: dict[str, int], rows: int) -> str:
+    """Conversations cut, their share of the rows with tools and each reason's count: ``3 (30%: other
+    function 2, parallel calls 1)``."""
+    total = sum(cuts.values())
+    if not total:
+        return "0"
+    reasons = ", ".join(f"{reason.replace('_', ' ')} {n}" for reason, n in sorted(cuts.items()))
+    return f"{total} ({total / rows:.0%}: {reasons})" if rows else f"{total} ({reasons})"
+
+
 def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
     """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
     (:data:`~draftsmith.evaluation.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
@@ -513,10 +590,12 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
              f"At the export gate, each family served the first turns of validation rows (up to {GATE_WINDOW} tokens "
              "each), and the same drafter was replayed on the stored hidden states of those rows and window, walked as "
              "a server drafts and verifies (a block family's block from each anchor in one forward). A position "
-             f"served below {PREDICTED_SHARE:g} of its prediction, where the prediction accepts {FLAG_MIN_ACCEPTED} "
-             "drafts or more, is flagged: the engine accepts less there than the drafter does (its attention, rope or "
-             "a later step's inputs differ from training), or the served answers are not the stored ones (sampling, "
-             "numerics). DSpark: an engine whose confidence head cuts a block short accepts less at the later "
+             f"served below {PREDICTED_SHARE:g} or above {ABOVE_SHARE:g} of its prediction, where the prediction "
+             f"accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts otherwise there than the "
+             "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "
+             "are not the stored ones (sampled answers, which the gate's greedy server does not write: the "
+             "prediction is then an estimate, said with its agreement share; numerics). "
+             "DSpark: an engine whose confidence head cuts a block short accepts less at the later "
              "positions than the replay, which drafts the whole block."]
     for family, table in tables:
         lines += ["", f"{DISPLAY_NAME[family]}:", "", *table]
@@ -547,15 +626,18 @@ def _with_plot(section: list[str], image: str) -> list[str]:
 
 def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_plot_name: str,
              speedup_map_name: str) -> str:
-    lines = ["# draftsmith report", "", *_serving(inputs.results), "", *_section(schedule_section(inputs)),
+    lines = ["# draftsmith report", "", *_serving(inputs.results), "", *_section(recipe_by_workload(inputs.results)),
+             *_section(schedule_section(inputs)),
              *_section(gate_tables(inputs.gates)),
              *_section(load_changed(inputs.results)),
              f"![speed-up map]({speedup_map_name})", "", *_evaluation(inputs.results), "",
+             *_section(tool_calls(inputs.results)),
              *_section(derived_lengths(inputs.results)),
              f"![acceptance and tokens per step]({plot_name})", "",
              *_with_plot(_families(inputs.results), f"![drafter families]({families_plot_name})"),
              *_training(inputs.training, inputs.vocab, inputs.gate), "", f"![training]({training_plot_name})", "",
              *_data(inputs.prompts, inputs.merge), "", *_generation(inputs.generation), "",
+             *_section(_tool_data(inputs.generation, inputs.tokenized)),
              *_section(_repetition(inputs.tokenized))]
     if not inputs.results.get("on_accelerator"):
         lines += ["Measured on a CPU: there the figure of merit is τ (tokens per target step), as drafting costs "
