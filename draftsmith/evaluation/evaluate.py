@@ -118,7 +118,9 @@ FULL_ROUNDS = 2
 # A concurrency counts as held when the requests in flight over the timed window average at least this share of
 # it, and a method's engine ran at least this share of what the target alone's ran at the same point.
 HELD = 0.9
-SAMPLE_S = 0.5  # how often the engine's running requests are read during a window
+# How often the engine's running requests are read during a window: often enough that MIN_READINGS take 2.5 s, so
+# that a short window is stretched by a round, not several (a scrape costs the engine a few milliseconds).
+SAMPLE_S = 0.25
 # The engine's running mean judges a window from this many readings on: a window that has fewer when its set is
 # sent is sent more rounds until it has them (a CPU demo's 8 requests of a dozen tokens are read twice).
 MIN_READINGS = 10
