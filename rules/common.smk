@@ -18,6 +18,7 @@ from draftsmith.core import (
 )  # not `platform`: the Snakefile shares Snakemake's globals
 from draftsmith.core.digest import json_digest
 from draftsmith.data.chat import tokenize_params
+from draftsmith.data.datasets import tool_params
 from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
@@ -148,21 +149,27 @@ def prompts_params(wildcards):
 
 
 def generation_params(wildcards):
-    # workload: a label, so that relabelling a dataset regenerates nothing. The tool settings change the
-    # answers of rows with tools: they enter only when set, so a project without them keeps its params.
+    # workload: a label; the tool settings only where the dataset is a tool workload (datasets.tool_params)
     entry = RESULT["datasets"][wildcards.generated]
     params = {
         k: v for k, v in entry.items() if k not in SOURCE_KEYS and k != "workload"
     }
-    tools = {
-        "tool_call_parser": RESULT["target"]["tool_call_parser"],
-        "tool_rendering": RESULT["tokenize"]["tool_rendering"],
-    }
-    return params | {k: v for k, v in tools.items() if v not in (None, "template")}
+    return params | tool_params(RESULT, [entry["workload"]])
+
+
+def tokenize_job_params(wildcards):
+    """The tokenize section, with the tool rendering only where the dataset is a tool workload."""
+    entry = RESULT["datasets"][wildcards.generated]
+    rendering = tool_params(RESULT, [entry["workload"]]).get("tool_rendering")
+    settings = tokenize_params(RESULT["tokenize"])
+    return settings | ({"tool_rendering": rendering} if rendering else {})
 
 
 def pretokenized_params(wildcards):
-    return RESULT["datasets"][wildcards.pretokenized]
+    entry = RESULT["datasets"][wildcards.pretokenized]
+    return {
+        k: v for k, v in entry.items() if k != "workload"
+    }  # a label: relabelling reruns nothing
 
 
 def generation_model_name():
@@ -239,8 +246,16 @@ def family_pretrained_input(wildcards):
     )
 
 
+# How the evaluation sets' tools reach the target, where a set is a tool workload (datasets.tool_params)
+EVALUATION_TOOLS = tool_params(
+    RESULT, [e["workload"] for e in RESULT["evaluation"]["prompt_sets"].values()]
+)
+
+
 def method_evaluation(wildcards):
-    return serving_methods.measurement_settings(wildcards.method, RESULT["evaluation"])
+    return serving_methods.measurement_settings(
+        wildcards.method, RESULT["evaluation"], EVALUATION_TOOLS
+    )
 
 
 # Where the target alone is measured (core/platform.py): once for the grid on GPUs, in each method's own

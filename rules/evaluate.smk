@@ -20,7 +20,7 @@ rule evaluate_baseline:
         runtime=server_runtime(12 * 60),
         measurement=1,
     params:
-        evaluation=serving_methods.grid_settings(RESULT["evaluation"]),
+        evaluation=serving_methods.grid_settings(RESULT["evaluation"], EVALUATION_TOOLS),
         server=RESULT["server"],
     script:
         "../scripts/evaluate_baseline.py"
@@ -114,7 +114,7 @@ rule evaluate_schedule:
         runtime=server_runtime(12 * 60, servers=1 if SHARED_BASELINE else 2),
         measurement=1,
     params:
-        evaluation=serving_methods.grid_settings(RESULT["evaluation"]),
+        evaluation=serving_methods.grid_settings(RESULT["evaluation"], EVALUATION_TOOLS),
         server=RESULT["server"],
     script:
         "../scripts/evaluate_schedule.py"

@@ -14,7 +14,7 @@ rule tokenize:
         mem_mb=4000,
         runtime=60,
     params:
-        tokenize=tokenize_params(RESULT["tokenize"]),
+        tokenize=tokenize_job_params,
         chat_template_kwargs=RESULT["target"]["chat_template_kwargs"],
     script:
         "../scripts/tokenize.py"

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.data import decontaminate as dc
-from draftsmith.data.datasets import load_configured, write_prompts
+from draftsmith.data.datasets import load_configured, workload_problem, write_prompts
 from draftsmith.ops.runner import base_dir, run
 
 log = logging.getLogger("draftsmith.prompts")
@@ -13,6 +13,9 @@ def main() -> None:
     p, name, root = sm.params[0], sm.wildcards.generated, base_dir(sm)
     cfg = sm.config["datasets"][name]
     loaded = load_configured(cfg, root, apply_max_samples=False)
+    problem = workload_problem(loaded.prompts, cfg["workload"], f"datasets.{name}")
+    if problem:
+        raise ValueError(problem)
     write_jsonl(sm.output.rejects, [r.as_dict() for r in loaded.rejects])
     if loaded.rejects:
         log.warning("%s: %d rows rejected, first: %s (all in %s)", name, len(loaded.rejects), loaded.rejects[0],

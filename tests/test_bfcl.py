@@ -156,6 +156,24 @@ def test_the_preflight_names_a_bad_bfcl_source_and_needs_no_file_for_a_good_one(
     assert preflight.local_source("bfcl:simple_python", REPO) is None  # no job input file to wait for
 
 
+@installed
+def test_the_preflight_names_a_tool_set_the_grid_could_not_measure_before_any_work():
+    """An evaluation set with tools labelled chat (its tool settings would enter no measurement's params), or sent to
+    vLLM without a parser (a 400 on every request, found after training before): named while the DAG is built."""
+    def found(sets: dict, more: dict | None = None) -> list[str]:
+        cfg = validate_config(load_layers([REPO / "config" / "config.yaml"], {"evaluation": {"prompt_sets": sets},
+                                                                              **(more or {})}))
+        return [f for f in preflight.problems(cfg, resolve(cfg["target"], REPO), REPO, None) if "calls" in f]
+
+    assert found({"calls": {"source": "bfcl:simple_python"}})[0].startswith(
+        "evaluation.prompt_sets.calls: 400 of its 400 prompts have tools but its workload is 'chat'")
+    assert "set target.tool_call_parser" in found({"calls": {"source": "bfcl:simple_python", "workload": "tools"}})[0]
+    assert found({"calls": {"source": "bfcl:simple_python", "workload": "tools"}},
+                 {"target": {"tool_call_parser": "hermes"}}) == []
+    assert found({"calls": {"source": "bfcl:simple_python", "workload": "tools"}},
+                 {"tokenize": {"tool_rendering": "text"}}) == []
+
+
 MINIMAL = {"target": {"name": "t", "source": "x"}, "datasets": {"a": {"source": "a.jsonl"}},
            "evaluation": {"prompt_sets": {"b": {"source": "b.jsonl"}}}}
 

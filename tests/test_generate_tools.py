@@ -104,14 +104,32 @@ def test_calls_are_paired_in_order_with_the_dataset_results(sim, tmp_path):
     ("calls=a+b", [[result("a")]], "parallel_calls"),
     ("calls=a+c", [[result("a"), result("b")]], "other_function"),
 ])
-def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim, tmp_path, script, steps, reason):
+def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim, tmp_path, script, steps, reason,
+                                                                             caplog):
     later = [[result("a")]]  # the second user turn is never asked
     stats = run(sim, [T("p", [f"go {script}", "and then? calls=a"], [steps, later])], tmp_path)
+    assert "1 of 1 conversations with tools were cut" in caplog.text  # most of the set cut: the job says so
     record = records(tmp_path)["p"]
     assert record["cut"] == reason and stats["cuts_by_reason"] == {reason: 1}
     assert record["messages"][-1]["role"] == "assistant" and record["messages"][-1]["tool_calls"]  # kept, unanswered
     assert [m["role"] for m in record["messages"]].count("user") == 1
     assert len(record["turns"]) == sum(m["role"] == "assistant" for m in record["messages"])
+
+
+def test_parallel_calls_are_answered_by_name_in_whatever_order_the_model_makes_them():
+    """A target that calls [b, a] where the dataset's step holds [a, b] (parallel calls have no order), or calls b
+    alone, gets b's result, not a cut; two calls of one name take that name's results in order."""
+    from draftsmith.generation.generate import pair_calls
+
+    def call(name: str, i: int) -> dict:
+        return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+    step = [{"name": "a", "content": "A1"}, {"name": "b", "content": "B"}, {"name": "a", "content": "A2"}]
+    cut, answers = pair_calls([call("b", 0), call("a", 1), call("a", 2)], [list(step)])
+    assert cut is None and [(m["tool_call_id"], m["content"]) for m in answers] == [("c0", "B"), ("c1", "A1"),
+                                                                                     ("c2", "A2")]
+    assert pair_calls([call("b", 0)], [list(step)])[1][0]["content"] == "B"
+    assert pair_calls([call("a", 0), call("a", 1), call("a", 2)], [list(step)])[0] == "other_function"
 
 
 def test_fewer_calls_is_a_natural_end_and_the_next_user_turn_follows(sim, tmp_path):
@@ -264,6 +282,8 @@ def test_parser_flags_for_each_engine():
     assert "--tool-call-parser" not in ServerSpec("m").command(1)
     own = ServerSpec("m", tool_call_parser="hermes", extra_args=["--tool-call-parser", "mine"]).command(1)
     assert own.count("--tool-call-parser") == 1 and own[-1] == "mine"
+    joined = ServerSpec("m", tool_call_parser="hermes", extra_args=["--tool-call-parser=mine"]).command(1)
+    assert not any(arg.startswith("--tool-call-parser") and arg != "--tool-call-parser=mine" for arg in joined)
 
 
 def test_an_unknown_parser_is_refused_before_the_server_starts(monkeypatch):

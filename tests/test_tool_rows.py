@@ -20,7 +20,7 @@ from draftsmith.data.chat import (
     tokenize_params,
     tool_template_problem,
 )
-from draftsmith.data.datasets import load_prompts, read_prompts, write_prompts
+from draftsmith.data.datasets import Prompt, load_prompts, read_prompts, write_prompts
 from tests.tiny_targets import QWEN3_TOKENIZER
 
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
@@ -321,11 +321,28 @@ def test_repeated_tool_calls_are_not_a_loop(tokenizer, tmp_path):
     assert stats["tools"]["tool_calls"] == 6 and stats["repetition"]["max"] == 0.0
 
 
-def test_tool_rendering_enters_the_tokenize_params_only_when_set():
+def test_the_tool_settings_enter_only_a_tool_workloads_params():
+    """Setting a parser or text rendering for one Glaive set must not regenerate, re-tokenize and retrain every chat
+    set of a finished project: the settings enter the params of tool and agent sets only, and only where set."""
+    from draftsmith.data.datasets import tool_params
+
     section = {"max_length": 2048, "reasoning": "template", "multi_turn": "auto", "max_repetition": None,
-               "tool_rendering": "template"}
-    assert "tool_rendering" not in tokenize_params(section)
-    assert tokenize_params({**section, "tool_rendering": "text"})["tool_rendering"] == "text"
+               "tool_rendering": "text"}
+    assert "tool_rendering" not in tokenize_params(section)  # the tokenize rule adds it per dataset
+    config = {"target": {"tool_call_parser": "hermes"}, "tokenize": section}
+    assert tool_params(config, ["chat"]) == {} and tool_params(config, ["code", "chat"]) == {}
+    assert tool_params(config, ["agent"]) == {"tool_call_parser": "hermes", "tool_rendering": "text"}
+    unset = {"target": {"tool_call_parser": None}, "tokenize": {**section, "tool_rendering": "template"}}
+    assert tool_params(unset, ["tools"]) == {}
+
+
+def test_a_set_whose_rows_have_tools_must_be_labelled_a_tool_workload():
+    from draftsmith.data.datasets import workload_problem
+
+    prompts = [Prompt("a", ["hi"], tools=[{"type": "function", "function": {"name": "f"}}]), Prompt("b", ["yo"])]
+    problem = workload_problem(prompts, "chat", "datasets.glaive")
+    assert problem.startswith("datasets.glaive: 1 of its 2 prompts have tools but its workload is 'chat'")
+    assert workload_problem(prompts, "agent", "x") is None and workload_problem(prompts[1:], "chat", "x") is None
 
 
 # A template that prints the last tool result inside the next answer: its result would be supervised.

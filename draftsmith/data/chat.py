@@ -464,12 +464,14 @@ class TokenizeSettings:
 # Settings added after projects were tokenized, with their defaults: they enter the tokenize job's params only
 # when set otherwise, as a new key there would tokenize every finished project again, and retrain its drafter,
 # for a setting it does not use.
-ADDED_DEFAULTS = {"max_repetition": None, "tool_rendering": "template"}
+ADDED_DEFAULTS = {"max_repetition": None}
 
 
 def tokenize_params(settings: dict) -> dict:
-    """The tokenize job's params from the config's ``tokenize`` section (results-relevant keys)."""
-    return {k: v for k, v in settings.items() if not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
+    """The tokenize job's params from the config's ``tokenize`` section (results-relevant keys), but
+    ``tool_rendering``, which enters only a tool dataset's (:func:`draftsmith.data.datasets.tool_params`)."""
+    return {k: v for k, v in settings.items()
+            if k != "tool_rendering" and not (k in ADDED_DEFAULTS and v == ADDED_DEFAULTS[k])}
 
 
 @dataclass

@@ -38,6 +38,31 @@ SHAREGPT_ROLES = {**CHAT_ROLES, "function_call": "call", "tool_call": "call", "o
                   "tool_response": "result", "function": "result", "tool": "result"}
 
 
+# The workloads whose prompts carry tools: their jobs depend on how the tools reach the target.
+TOOL_WORKLOADS = ("tools", "agent")
+
+
+def tool_params(config: dict, workloads: list[str]) -> dict[str, Any]:
+    """The tool settings a job's results depend on (its params): where one of its prompt sets is a tool workload,
+    the target's tool-call parser and how the tools are rendered, each only where set. A chat or code set, and a
+    project that sets neither, keep their params, so adding a tool set reruns nothing else."""
+    if not any(w in TOOL_WORKLOADS for w in workloads):
+        return {}
+    settings = {"tool_call_parser": config["target"]["tool_call_parser"],
+                "tool_rendering": config["tokenize"]["tool_rendering"]}
+    return {k: v for k, v in settings.items() if v not in (None, "template")}
+
+
+def workload_problem(prompts: list[Prompt], workload: str, where: str) -> str | None:
+    """A set whose rows have tools must say so (``workload: tools`` or ``agent``): the tool settings enter only
+    such a set's jobs (:func:`tool_params`), so a mislabelled one would not be regenerated when they change."""
+    with_tools = sum(bool(p.tools) for p in prompts)
+    if not with_tools or workload in TOOL_WORKLOADS:
+        return None
+    return (f"{where}: {with_tools} of its {len(prompts)} prompts have tools but its workload is {workload!r}: "
+            "set workload: tools (single requests) or agent (multi-turn, tool results in the context)")
+
+
 @dataclass(frozen=True)
 class Prompt:
     """A prompt as generation sends it.

@@ -99,21 +99,22 @@ def speculative_config(method: str, k: int, evaluation: dict, drafter: str | Non
 GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency")
 
 
-def grid_settings(evaluation: dict) -> dict:
+def grid_settings(evaluation: dict, tools: dict | None = None) -> dict:
     """The evaluation settings every measurement depends on: the target alone's (``rule evaluate_baseline``)
     and a schedule's (``rule evaluate_schedule``, whose ranges come from the pick). A set's ``workload`` is
-    a label that no measurement depends on: left out, so that labelling a set remeasures nothing."""
+    a label that no measurement depends on: left out, so that labelling a set remeasures nothing. ``tools``:
+    how a tool set's tools reach the target (:func:`draftsmith.data.datasets.tool_params`), where set."""
     settings = {key: evaluation[key] for key in GRID_KEYS}
     settings["prompt_sets"] = {name: {k: v for k, v in entry.items() if k != "workload"}
                                for name, entry in evaluation["prompt_sets"].items()}
-    return settings
+    return settings | ({"tools": tools} if tools else {})
 
 
-def measurement_settings(method: str, evaluation: dict) -> dict:
+def measurement_settings(method: str, evaluation: dict, tools: dict | None = None) -> dict:
     """The evaluation settings ``method``'s measurement depends on (its job's params: a change reruns that
     method alone): the grid, its draft lengths (EAGLE-3 and the training-free methods; a block family
     drafts its trained block) and how it is served."""
-    own = grid_settings(evaluation)
+    own = grid_settings(evaluation, tools)
     if method == families.DEFAULT_FAMILY or method in TRAINING_FREE:
         own["num_speculative_tokens"] = evaluation["num_speculative_tokens"]
     if method == "ngram":

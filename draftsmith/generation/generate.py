@@ -304,6 +304,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
         raise GenerationInterrupted(f"{dataset}: interrupted; {resume_hint}")
     _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
     stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
+    _warn_cuts(dataset, stats)
     ordered = [run.done[p.id] for p in prompts if _journaled(run.done, p) and run.done[p.id]["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)
@@ -470,16 +471,24 @@ def assistant_message(result: ChatResult, as_text: bool) -> dict:
 
 def pair_calls(calls: list[dict], steps: list[list[dict]]) -> tuple[str | None, list[dict]]:
     """The ``tool`` messages answering one turn's ``calls`` with the stretch's next dataset step (taken
-    from ``steps``), or the reason they cannot be paired and the conversation is cut."""
+    from ``steps``), or the reason they cannot be paired and the conversation is cut. Within a step the
+    calls are matched by function name, in order among calls of one name: parallel calls come in any
+    order (``[b, a]`` answers a step ``[a, b]``), and a subset of the step is answered by its own results."""
     if not steps:
         return "more_calls_than_results", []
     step = steps.pop(0)
-    if any(call["function"]["name"] != result["name"] for call, result in zip(calls, step, strict=False)):
-        return "other_function", []
     if len(calls) > len(step):
         return "parallel_calls", []
-    return None, [{"role": "tool", "tool_call_id": call["id"], "name": result["name"], "content": result["content"]}
-                  for call, result in zip(calls, step, strict=False)]
+    unused = list(step)
+    answers = []
+    for call in calls:
+        result = next((r for r in unused if r["name"] == call["function"]["name"]), None)
+        if result is None:
+            return "other_function", []
+        unused.remove(result)
+        answers.append({"role": "tool", "tool_call_id": call["id"], "name": result["name"],
+                        "content": result["content"]})
+    return None, answers
 
 
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
@@ -546,6 +555,19 @@ def _turn_record(result) -> dict:
     if result.token_ids is not None:
         turn["token_ids"] = result.token_ids
     return turn
+
+
+# Above this share of a dataset's conversations with tools cut, the target calls otherwise than the dataset did
+# (another parser, parallel calls, other functions): the kept turns stop early, which the job says, not only the report.
+CUT_WARNING = 0.5
+
+
+def _warn_cuts(dataset: str, stats: dict) -> None:
+    cut = sum(stats["cuts_by_reason"].values())
+    if stats["rows_with_tools"] and cut > CUT_WARNING * stats["rows_with_tools"]:
+        log.warning("%s: %d of %d conversations with tools were cut where the target's calls had no result in the "
+                    "dataset (%s): their turns are kept up to the cut; check target.tool_call_parser and the "
+                    "dataset's functions", dataset, cut, stats["rows_with_tools"], stats["cuts_by_reason"])
 
 
 def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,

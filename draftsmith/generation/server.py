@@ -195,9 +195,11 @@ class ServerSpec:
             args += [flag for flag in CPU_ONLY_ARGS if flag not in self.extra_args]
         if self.in_process_worker:
             args += list(IN_PROCESS_WORKER)
-        if self.tool_call_parser and "--tool-call-parser" not in self.extra_args:
+        flags = {arg.split("=")[0] for arg in self.extra_args}
+        if self.tool_call_parser and "--tool-call-parser" not in flags:
             # vLLM parses calls only with auto tool choice on; SGLang needs the parser alone
-            args += ["--enable-auto-tool-choice"] if self.engine == "vllm" else []
+            if self.engine == "vllm" and "--enable-auto-tool-choice" not in flags:
+                args.append("--enable-auto-tool-choice")
             args += ["--tool-call-parser", self.tool_call_parser]
         return args
 

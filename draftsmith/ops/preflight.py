@@ -27,6 +27,8 @@ class PreflightError(ValueError):
 def problems(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> list[str]:
     found = [*_files(config, target, base_dir), *_secrets(config), *_lengths(config), *_gpus(config),
              *_evaluation(config)]
+    if not found:
+        found += _tool_sets(config, base_dir)
     if facts is not None:
         found += _against_target(config, facts)
     return found
@@ -195,6 +197,31 @@ def _evaluation(config: dict) -> list[str]:
     if ngram["prompt_lookup_min"] > ngram["prompt_lookup_max"]:
         found.append(f"evaluation.ngram.prompt_lookup_min ({ngram['prompt_lookup_min']}) is above prompt_lookup_max "
                      f"({ngram['prompt_lookup_max']})")
+    return found
+
+
+def _tool_sets(config: dict, base_dir: Path) -> list[str]:
+    """Evaluation sets with tools that the grid could not measure as asked, found before any work: one labelled
+    as no tool workload (its tool settings would not enter its measurements), or one sent to an engine with
+    no tool-call parser (vLLM refuses ``tool_choice: auto`` without one) where the tools are not sent as text."""
+    from draftsmith.data.datasets import load_configured, workload_problem
+
+    found = []
+    evaluation, rendering = config["evaluation"], config["tokenize"]["tool_rendering"]
+    for name, entry in evaluation["prompt_sets"].items():
+        if entry["source"].startswith("hf:") and local_source(entry["source"], base_dir) is None:
+            continue  # a hub set is not loaded while the DAG is built; its evaluate job checks it
+        try:
+            prompts = load_configured(entry, base_dir).prompts
+        except Exception:  # an unreadable set is _files' problem, or its evaluate job's
+            continue
+        where = f"evaluation.prompt_sets.{name}"
+        if problem := workload_problem(prompts, entry["workload"], where):
+            found.append(problem)
+        elif any(p.tools for p in prompts) and rendering != "text" and not config["target"]["tool_call_parser"]:
+            found.append(f"{where}: its prompts have tools, sent with tool_choice auto, which the "
+                         f"{evaluation['engine']} server answers only with the target's parser: set "
+                         "target.tool_call_parser (e.g. hermes for Qwen3), or tokenize.tool_rendering: text")
     return found
 
 
