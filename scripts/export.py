@@ -73,19 +73,26 @@ def main() -> None:
     stores, left_out = replay.open_stores(sm.input.manifests)  # rows whose extraction failed: not gated either
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], skip=left_out)
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
-    started = {}
-    try:
-        spec = ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter))
+    started, served = {}, {}
+    spec = ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter))
+
+    def serve() -> None:
         # its start retried for the machine's failures, which fail the job, never the family (ev.serving)
         with ev.serving(lambda: managed_server(spec, Path(sm.log.server)), started) as server:
             root = ev.root_of(server.base_url)
             before = ev.scrape_spec_counters(root)
             asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
-            acceptance = ev.acceptance(before, ev.scrape_spec_counters(root))
+            served["acceptance"] = ev.acceptance(before, ev.scrape_spec_counters(root))
+
+    try:
+        killed = ev.killed_every_try(serve, f"the {family} gate")
     except ev.SERVING_FAILURES as err:  # refused at start (DSpark on vLLM's V1 runner) or died drafting
         ev.raise_unless_the_methods(err, f"the {family} gate", ev.exit_code(started.get("server")))
-        failed(checkpoint, f"vLLM did not serve the drafter: {ev.failure_of(err)} (log: {sm.log.server})", epoch)
+        killed = ev.failure_of(err)
+    if killed:
+        failed(checkpoint, f"vLLM did not serve the drafter: {killed} (log: {sm.log.server})", epoch)
         return
+    acceptance = served["acceptance"]
     predicted, why_not = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k)
     passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,

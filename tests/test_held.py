@@ -213,3 +213,31 @@ def test_the_reports_serving_grid_names_a_band_where_nothing_held(tmp_path):
     assert (f"**At concurrency 6, no method held the concurrency** (EAGLE-3 k=3: {why}): ranked at what they "
             "delivered; this band is unmeasured, and plain serving did not win it.") in text
     assert "plain serving (no speculation) is fastest" not in text
+
+
+def test_the_target_alone_that_did_not_hold_is_measured_again_with_more_rounds(monkeypatch):
+    """Its hold divides every method's speed-up at that point: a baseline that ramped too slowly at its first
+    rounds is measured once more, longer, before any method is judged against it."""
+    from contextlib import contextmanager
+
+    calls = []
+
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, c, engine, drafting, rounds=ev.FULL_ROUNDS,
+                **_):
+        calls.append(rounds)
+        held = rounds > ev.FULL_ROUNDS
+        return [{"set": "s", "temperature": 0.0, "prompts": 12, "output_tok_s": 50.0 if held else 30.0,
+                 "mean_in_flight": 11.9 if held else 9.0, "held": held}]
+
+    @contextmanager
+    def alone():
+        yield SimpleNamespace(base_url="alone")
+
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "runs_at", runs_at)
+    monkeypatch.setattr(ev, "gpu_memory_held", lambda: None)
+    grid = ev.Grid({"s": [Prompt("a", ["hi"])]}, [0.0], 32, [12], False, "vllm")
+    (point,) = ev.measure_baseline(grid, "m", alone)["baseline"]
+    assert calls == [ev.FULL_ROUNDS, ev.RETRY_ROUNDS * ev.FULL_ROUNDS]
+    assert point["runs"] == [{"set": "s", "temperature": 0.0, "prompts": 12, "output_tok_s": 50.0,
+                              "mean_in_flight": 11.9, "held": True, "remeasured": True}]

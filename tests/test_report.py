@@ -388,3 +388,22 @@ def test_every_predicted_figure_says_exact_or_estimate_and_a_replay_that_did_not
                                                                                             gate=no_prediction))
     text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, failed, GATE))
     assert "No predicted served τ: the replay failed (OutOfMemoryError: CUDA out of memory)" in text
+
+
+def test_sglang_figures_say_their_windows_include_the_drain_in_the_card_and_the_report():
+    """SGLang counts a request's tokens when it ends, so its windows are timed to the last answer: labelled
+    'at concurrency c' alone, the speed-ups hid the tail below c that they include."""
+    import copy
+
+    from draftsmith.evaluation import model_card
+    from draftsmith.evaluation.report import _serving
+
+    note = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail "
+            "below concurrency c is inside them.")
+    sglang = copy.deepcopy(RESULTS)
+    for evaluation in sglang["methods"].values():
+        for cell in evaluation["cells"]:
+            for run in cell["runs"]:
+                run["tokens_counted"] = "completed requests"
+    assert note in model_card.serving(card_inputs(sglang)) and note in _serving(sglang)
+    assert note not in model_card.serving(card_inputs(RESULTS)) and note not in _serving(RESULTS)

@@ -184,3 +184,14 @@ def test_a_cpus_config_says_its_draft_length_is_the_largest_not_a_gpus_best():
                                                                          serving=served)))
     whole = card(card_inputs(results, serving=served))
     assert "carries over" not in whole and "a CPU always prefers the largest draft length measured" in whole
+
+
+def test_a_band_served_plain_starts_where_the_target_alones_engine_ran_not_the_drafters():
+    """Where plain serving won (k 0), the schedule serves the target alone there, so its band starts at the
+    target alone's running count: a drafter its KV cache held back (6.0 of 16) would start the band at 6."""
+    serving = [{"concurrency": 1, "ranked": [{"method": "eagle3", "mean_running": 1.0},
+                                             {"method": "plain", "mean_running": 1.0}]},
+               {"concurrency": 16, "ranked": [{"method": "plain", "mean_running": 15.2},
+                                              {"method": "eagle3", "mean_running": 6.0}]}]
+    assert schedule.served_running(serving, "eagle3", {1: 3, 16: 0}) == {1: 1.0, 16: 15.2}
+    assert schedule.band_starts([1, 16], schedule.served_running(serving, "eagle3", {1: 3, 16: 0})) == [1, 15]

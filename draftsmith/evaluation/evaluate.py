@@ -581,13 +581,16 @@ GPU_POLL_S = 5.0
 
 def gpu_memory_held() -> int | None:
     """MiB of GPU memory that other processes hold on this job's GPUs (``CUDA_VISIBLE_DEVICES``), by
-    ``nvidia-smi``'s compute apps; None where it cannot say (no nvidia-smi, another accelerator)."""
+    ``nvidia-smi``'s compute apps; None where it cannot say (no nvidia-smi, another accelerator, a MIG instance:
+    nvidia-smi reports its processes' memory as ``[N/A]`` and, unfiltered, would count other jobs' GPUs)."""
     import os
     import subprocess
 
     command = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        command.append(f"--id={os.environ['CUDA_VISIBLE_DEVICES']}")
+    if visible := os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        if "MIG-" in visible:
+            return None
+        command.append(f"--id={visible}")
     try:
         listed = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
@@ -620,17 +623,23 @@ def _start_with_retries(stack: ExitStack, server: Callable[[], AbstractContextMa
     """``server()`` entered on ``stack``, started again (up to :data:`START_TRIES` in all) while it exits at start
     for the machine's reason its log shows: GPU memory (waited for until the previous server's is returned), a
     port race, the hub, an engine process killed. Spent, the last failure is raised as a :class:`MachineFault`.
-    A CUDA out-of-memory on a start made once no other process held the GPUs' memory is raised as it is, at once:
-    the method's (its drafter does not fit)."""
+    Other processes' GPU memory is read before the first start: a CUDA out-of-memory on a start made while none
+    held any is raised as it is, at once, the method's (its drafter does not fit); where it cannot be read
+    (:func:`gpu_memory_held` None: MIG, ROCm, no nvidia-smi), a second one is, so a drafter too large for the GPU
+    is recorded, not retried into a failed job on every rerun."""
     sleep = sleep or time.sleep
     gpu_free = gpu_free or (lambda: wait_for_gpu_memory(sleep=sleep))
-    freed: bool | None = None
+    before = gpu_memory_held()
+    freed: bool | None = None if before is None else before == 0
+    out_of_memory = 0
     for attempt in range(1, START_TRIES + 1):
         try:
             return stack.enter_context(server())
         except ServerExited as err:
             cause = err.cause()
-            if cause is None or (cause == CUDA_OOM and freed):  # out of a GPU no other process held: its own
+            out_of_memory += cause == CUDA_OOM
+            # out of a GPU no other process held, or twice where none can tell: its own
+            if cause is None or (cause == CUDA_OOM and (freed or (freed is None and out_of_memory > 1))):
                 raise
             if attempt == START_TRIES:
                 held = " (other processes still held its GPUs' memory)" if cause == CUDA_OOM and freed is False \
@@ -648,6 +657,11 @@ def _start_with_retries(stack: ExitStack, server: Callable[[], AbstractContextMa
     raise AssertionError("unreachable")  # the last try returns or raises
 
 
+class KilledWhileServing(MachineFault):
+    """A started server the machine ended while it served (:func:`died_of_the_machine`): its cell is served again,
+    and one killed at every try is the method's (a drafter that sets off the host's OOM killer each time)."""
+
+
 def died_of_the_machine(running) -> str | None:
     """Why a server that ended while serving ended by the machine's doing, as its log shows it (its engine process
     killed: vLLM's API server then exits with 1, not with the signal), or None."""
@@ -663,7 +677,7 @@ def serving(server: Callable[[], AbstractContextManager], current: dict,
             gpu_free: Callable[[], bool | None] | None = None) -> Iterator:
     """A server from ``server()``, its start retried for the machine's failures (:func:`_start_with_retries`) and
     itself in ``current["server"]``; a serving failure after the machine ended it (:func:`died_of_the_machine`)
-    is raised as a :class:`MachineFault`, so that it fails the job and records nothing."""
+    is raised as a :class:`KilledWhileServing`: a caller that serves again records it only once it recurs."""
     try:
         with ExitStack() as stack:
             current["server"] = _start_with_retries(stack, server, sleep, gpu_free)
@@ -671,7 +685,7 @@ def serving(server: Callable[[], AbstractContextManager], current: dict,
     except SERVING_FAILURES as err:
         why = died_of_the_machine(current.get("server"))
         if why and not isinstance(err, MachineFault):
-            raise MachineFault(why, failure_of(err)) from err
+            raise KilledWhileServing(why, failure_of(err)) from err
         raise
 
 
@@ -757,6 +771,42 @@ def against(runs: list[dict], base_runs: list[dict], concurrency: int) -> list[d
     return runs
 
 
+def killed_every_try(attempt: Callable[[], None], what: str) -> str | None:
+    """``attempt`` (a fresh server, served and measured) run again while the host kills its engine as it serves
+    (:class:`KilledWhileServing`), up to :data:`START_TRIES` times: None once a try ends otherwise (its other
+    exceptions raised as they are), else why it was killed at every try. Killed each time in one job, the drafter's
+    own load sets the host's OOM killer off: the method's failure, recorded, not a job that fails every rerun."""
+    for tries in range(1, START_TRIES + 1):
+        try:
+            attempt()
+            return None
+        except KilledWhileServing as err:
+            if tries == START_TRIES:
+                return f"killed by the host's OOM killer while serving: {err} (at each of {START_TRIES} tries)"
+            log.warning("%s: %s: served again (%d of %d)", what, err, tries + 1, START_TRIES)
+            time.sleep(RETRY_WAIT_S * tries)
+    return None
+
+
+def _measure_cell(grid: Grid, model: str, label: str, k: int, server: Callable[[], AbstractContextManager],
+                  by_point: dict[int, list[dict]], starts: list[float], current: dict, done: list[dict]) -> None:
+    """One cell on one fresh server at every concurrency of ``grid``, appended to ``done`` point by point (so a
+    server that fails midway leaves what it measured); a point that did not hold (:func:`hold`) measured again."""
+    with _started(grid, model, server, starts, current) as running:
+        for c in grid.concurrencies:
+            runs = against(runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
+                                   grid.seeded, c, grid.engine, drafting=True,
+                                   tool_rendering=grid.tool_rendering), by_point[c], c)
+            if not all(r["held"] for r in runs):
+                log.warning("%s k=%d did not hold concurrency %d (%s): measured again at %d rounds", label, k,
+                            c, next(r["held_why"] for r in runs if not r["held"]), RETRY_ROUNDS * FULL_ROUNDS)
+                runs = [{**r, "remeasured": True} for r in against(runs_at(
+                    running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
+                    grid.engine, drafting=True, rounds=RETRY_ROUNDS * FULL_ROUNDS,
+                    tool_rendering=grid.tool_rendering), by_point[c], c)]
+            done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
+
+
 def measure_cells(grid: Grid, model: str, baseline: list[dict],
                   cells: dict[tuple[str, int], Callable[[], AbstractContextManager]]) -> dict:
     """Each ``(drafter label, draft length)`` of ``cells`` on its own server at every point of ``grid``, one
@@ -769,24 +819,20 @@ def measure_cells(grid: Grid, model: str, baseline: list[dict],
     window, starts, measured = [time.time(), None], [], []
     for (label, k), server in cells.items():
         done, current = [], {}
+
+        def attempt(label=label, k=k, server=server, done=done, current=current) -> None:
+            done.clear()
+            current.clear()
+            _measure_cell(grid, model, label, k, server, by_point, starts, current, done)
+
         try:
-            with _started(grid, model, server, starts, current) as running:
-                for c in grid.concurrencies:
-                    runs = against(runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
-                                           grid.seeded, c, grid.engine, drafting=True,
-                                           tool_rendering=grid.tool_rendering), by_point[c], c)
-                    if not all(r["held"] for r in runs):
-                        log.warning("%s k=%d did not hold concurrency %d (%s): measured again at %d rounds", label, k,
-                                    c, next(r["held_why"] for r in runs if not r["held"]), RETRY_ROUNDS * FULL_ROUNDS)
-                        runs = [{**r, "remeasured": True} for r in against(runs_at(
-                            running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
-                            grid.engine, drafting=True, rounds=RETRY_ROUNDS * FULL_ROUNDS,
-                            tool_rendering=grid.tool_rendering), by_point[c], c)]
-                    done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
+            why = killed_every_try(attempt, f"{label} k={k}")
         except SERVING_FAILURES as err:
             raise_unless_the_methods(err, f"{label} k={k}", exit_code(current.get("server")))
-            log.error("%s k=%d: %s", label, k, failure_of(err))
-            done += [{"drafter": label, "k": k, "concurrency": c, "runs": [], "failed": failure_of(err)}
+            why = failure_of(err)
+        if why:
+            log.error("%s k=%d: %s", label, k, why)
+            done += [{"drafter": label, "k": k, "concurrency": c, "runs": [], "failed": why}
                      for c in grid.concurrencies[len(done):]]
         measured += done
     window[1] = time.time()

@@ -92,6 +92,20 @@ def _figures(cell: dict) -> str:
             f"step" + (f" (τ per draft {_num(cell['tau'], '.3f')})" if cell.get("tau") is not None else ""))
 
 
+COUNTED_AT_COMPLETION = "completed requests"  # evaluate.TOKENS_COUNTED["sglang"]: a run's ``tokens_counted``
+DRAIN_NOTE = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail below "
+              "concurrency c is inside them.")
+
+
+def drain_note(results: dict) -> list[str]:
+    """:data:`DRAIN_NOTE` as a paragraph where any run counted its tokens at completion (SGLang): its speed-ups
+    are not at concurrency c alone, the drain below it is timed too; nothing otherwise."""
+    runs = (run for evaluation in results.get("methods", {}).values()
+            for point in [*evaluation.get("cells", []), *evaluation.get("baseline", [])]
+            for run in point.get("runs", []))
+    return [DRAIN_NOTE, ""] if any(run.get("tokens_counted") == COUNTED_AT_COMPLETION for run in runs) else []
+
+
 def serving(inputs: CardInputs) -> list[str]:
     """Per concurrency band: this drafter at the draft length measured best there, or plain serving where the
     target alone was faster on an accelerator, each with its command; every training-free method that beat
@@ -110,7 +124,8 @@ def serving(inputs: CardInputs) -> list[str]:
     lines = ["## Serving recipe", "",
              f"Measured by draftsmith with {results['engine']} at concurrency "
              f"{', '.join(map(str, results['concurrency']))} (each the requests held in flight), each setting "
-             f"against the target alone, on {where}. Tokens per target step count every step.", ""]
+             f"against the target alone, on {where}. Tokens per target step count every step.", "",
+             *drain_note(results)]
     evaluation = results["methods"].get(family, {})
     for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"], results.get("schedule")),
                        strict=True):

@@ -7,7 +7,14 @@ from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
-from draftsmith.evaluation.model_card import gate_table, load_changed, recipe_by_workload, schedule_table, tool_calls
+from draftsmith.evaluation.model_card import (
+    drain_note,
+    gate_table,
+    load_changed,
+    recipe_by_workload,
+    schedule_table,
+    tool_calls,
+)
 from draftsmith.evaluation.pick import FIGURES, figures, label_of
 from draftsmith.evaluation.schedule import describe
 from draftsmith.training.export import ABOVE_SHARE, FLAG_MIN_ACCEPTED, GATE_WINDOW, PREDICTED_SHARE, basis_text
@@ -233,7 +240,7 @@ def _serving(results: dict) -> list[str]:
              f"by {by} (geometric mean over prompt sets and temperatures for speed-ups). Tokens per target step "
              "count every step, so a training-free method that drafts only where it finds a match compares fairly "
              "with a drafter that always drafts. Each concurrency is the requests held in flight over the timed "
-             "window (the evaluation table gives each run's mean).", ""]
+             "window (the evaluation table gives each run's mean).", "", *drain_note(results)]
     if asked != results["pick"]["by"]:
         lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by): measured on a CPU, where drafting "
                   "costs about as much as a target step, so the target alone is faster everywhere and speed-ups say "
