@@ -122,7 +122,7 @@ def main() -> None:
         "warm_start": json.loads((pretrained / "check.json").read_text()) if pretrained else None,
         "trainer": trainer.as_dict(), "phases": phases, "window": [started, time.time()],
         "speculators_argv": argv, "validation": validation})
-    log.info("exporting epoch %s: %s", choice["epoch"], choice["reason"])
+    log.info("exporting epoch %s: %s", choice["epoch"] + 1, choice["reason"])  # 1-based, as the card and report say
 
 
 if __name__ == "__main__":  # dataloader workers re-import this file without `snakemake`

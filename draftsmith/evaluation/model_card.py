@@ -298,7 +298,8 @@ def gate_table(gate: dict) -> list[str]:
             f"{_num(gate['acceptance'].get('drafts'), 'g')} served. Predicted: "
             f"{basis_text(predicted.get('exactness'))}"
             + ("" if (predicted.get("exactness") or {}).get("basis") in (None, "exact") else
-               " (the gate's server continues them greedily: it serves other text than the replay walks)") + "."]
+               " (the gate's server continues them greedily: where a stored token is not the target's argmax, a "
+               "sampled answer's or a near-tie, it serves other text than the replay walks)") + "."]
 
 
 def _flag(position: dict) -> str:

@@ -402,7 +402,8 @@ def _predicted_basis(validation: list[dict]) -> list[str]:
     at = f" at k={served['k']}" if served.get("k") else ""
     sampled = (served.get("exactness") or {}).get("basis") not in (None, "exact")
     lines = ["", f"Predicted served τ{at}: {basis_text(served.get('exactness'))}"
-             + (" (sampled answers: the replay teacher-forces the drafter on them and walks them, where a server "
+             + (" (where a stored token is not the target's argmax, a sampled answer's or a near-tie between the "
+                "engine and the replay, the replay teacher-forces the drafter on it and walks it, where a server "
                 "walks its own)" if sampled else "") + "."]
     if len(served.get("by_k") or {}) > 1:
         lines.append("Each served draft length's own walk (without looping rows): " + "; ".join(
