@@ -50,9 +50,37 @@ DATASETS = sorted(config["datasets"])
 BASE_MODEL = config["target"]["base_model"] or (
     TARGET.source if TARGET.kind == "hub" else TARGET.name
 )
-# A setting added since a project ran (its default unset) must not change that project's digest.
+# Each evaluation set's workload (a label): the report and the card rank the recipe per workload; the pick,
+# whose outputs the schedule's serving follows, does not read them, so relabelling remeasures nothing.
+WORKLOADS = {
+    name: entry["workload"]
+    for name, entry in RESULT["evaluation"]["prompt_sets"].items()
+}
+# The datasets as the card names them, without their workload labels
+DATASET_ENTRIES = {
+    name: {k: v for k, v in entry.items() if k != "workload"}
+    for name, entry in RESULT["datasets"].items()
+}
+# A setting added since a project ran (its default unset), and a label, must not change that project's digest.
 CONFIG_DIGEST = json_digest(
-    {**RESULT, "tokenize": tokenize_params(RESULT["tokenize"])}, 16
+    {
+        **RESULT,
+        "target": {
+            k: v
+            for k, v in RESULT["target"].items()
+            if not (k == "tool_call_parser" and v is None)
+        },
+        "tokenize": tokenize_params(RESULT["tokenize"])
+        | {k: v for k, v in RESULT["tokenize"].items() if k == "tool_rendering" and v != "template"},
+        "datasets": DATASET_ENTRIES,
+        "evaluation": serving_methods.grid_settings(RESULT["evaluation"])
+        | {
+            k: v
+            for k, v in RESULT["evaluation"].items()
+            if k not in serving_methods.GRID_KEYS
+        },
+    },
+    16,
 )
 GENERATED = [d for d in DATASETS if config["datasets"][d]["kind"] == "prompts"]
 PRETOKENIZED = [d for d in DATASETS if config["datasets"][d]["kind"] == "tokenized"]

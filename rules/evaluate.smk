@@ -85,11 +85,6 @@ rule pick:
         pick_at=PICK_AT,
         concurrency=RESULT["evaluation"]["concurrency"],
         ngram=RESULT["evaluation"]["ngram"],
-        # each prompt set's workload: the recipe is ranked per workload too
-        workloads={
-            name: entry.get("workload", "chat")
-            for name, entry in RESULT["evaluation"]["prompt_sets"].items()
-        },
     script:
         "../scripts/pick.py"
 
@@ -188,6 +183,8 @@ rule report:
     resources:
         mem_mb=1000,
         runtime=10,
+    params:
+        workloads=WORKLOADS,
     script:
         "../scripts/report.py"
 
@@ -219,6 +216,7 @@ rule model_card:
         base_model=BASE_MODEL,
         config_digest=CONFIG_DIGEST,
         train={family: family_settings(family=family) for family in FAMILIES},
-        datasets=RESULT["datasets"],
+        datasets=DATASET_ENTRIES,
+        workloads=WORKLOADS,
     script:
         "../scripts/model_card.py"

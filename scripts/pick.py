@@ -34,7 +34,7 @@ def main() -> None:
                          (sm.input.gates[at], sm.output.gate), (sm.input.sglang[at], sm.output.sglang)):
         pick.copy_drafter(Path(source), Path(dest))
     results = pick.results(evaluations, rows, chosen, why, params.concurrency, figure, params.pick_at,
-                           params.ngram, dict(params.workloads))
+                           params.ngram)
     results["pick"]["asked"] = params.pick_by
     results["schedule"] = schedule.build(results["serving"], chosen)
     log.info("%s's schedule (%s): %s", chosen, results["schedule"]["kind"], schedule.describe(results["schedule"]))

@@ -20,7 +20,7 @@ def main() -> None:
                     prompts=by_dataset(sm.input.prompts), merge=load(sm.input.merge), vocab=load(sm.input.vocab),
                     training=picked, gate=load(sm.input.gate), serving=load(sm.input.serving),
                     tokenized=by_dataset(sm.input.tokenized),
-                    gates={Path(p).parent.name: load(p) for p in sm.input.gates})
+                    gates={Path(p).parent.name: load(p) for p in sm.input.gates}, workloads=sm.params.workloads)
     write_report(inputs, Path(sm.output.markdown), Path(sm.output.plot), Path(sm.output.training_plot),
                  Path(sm.output.families_plot), Path(sm.output.speedup_map), Path(sm.output.table))
 

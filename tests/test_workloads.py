@@ -105,10 +105,10 @@ def evaluations() -> dict:
                                {"chat_set": 1.0, "agent_set": 1.8})}
 
 
-def results(evaluations: dict, workloads: dict | None = WORKLOADS) -> dict:
+def results(evaluations: dict) -> dict:
     rows = [pick.summary(f, e, grid.training(), 3 * 2**20, "tau", 2) for f, e in evaluations.items() if e["trained"]]
     chosen, why = pick.choose(rows, "tau", 2)
-    return pick.results(evaluations, rows, chosen, why, [2], "tau", 2, NGRAM, workloads)
+    return pick.results(evaluations, rows, chosen, why, [2], "tau", 2, NGRAM)
 
 
 def test_the_recipe_is_ranked_per_workload_and_differs_from_the_pooled_one():
@@ -120,30 +120,31 @@ def test_the_recipe_is_ranked_per_workload_and_differs_from_the_pooled_one():
     assert by_workload["agent"][0]["best"]["tokens_per_step"] == pytest.approx(1.8)
     assert by_workload["chat"][0]["best"]["method"] == "eagle3"
     assert by_workload["agent"][0]["best_trained"]["tokens_per_step"] == pytest.approx(1.5)
-    written = results(measured)
-    assert written["serving_by_workload"]["agent"][0]["best"]["method"] == "ngram"
-    assert written["workloads"] == WORKLOADS
-    # one workload: the pooled ranking is the only one, and nothing more is written
-    assert "serving_by_workload" not in results(evaluations(), {"chat_set": "chat", "agent_set": "chat"})
-    assert "serving_by_workload" not in results(evaluations(), None)
+    # one workload: the pooled ranking is the only one
+    assert pick.serving_by_workload(measured, [2], "tau", {"chat_set": "chat", "agent_set": "chat"}) == {}
+    assert "workloads" not in results(measured)  # a label: the pick, and the schedule served after it, never read it
 
 
 def report_inputs(results: dict, **overrides) -> Inputs:
     return Inputs(**{"results": results, "generation": GENERATION, "prompts": PROMPTS, "merge": MERGE, "vocab": VOCAB,
-                     "training": TRAINING, "gate": GATE, **overrides})
+                     "training": TRAINING, "gate": GATE, "workloads": WORKLOADS, **overrides})
+
+
+def labelled(results: dict, **overrides):
+    """The card's inputs with the evaluation sets' workloads, as the model_card rule passes them."""
+    return card_inputs(results, **{"workloads": WORKLOADS, **overrides})
 
 
 def test_the_card_and_the_report_give_the_recipe_per_workload_beside_the_pooled_one(tmp_path):
     written = results(evaluations())
-    for text in (card(card_inputs(written)), report(tmp_path, report_inputs(written))):
+    for text in (card(labelled(written)), report(tmp_path, report_inputs(written))):
         section = text.split("## Recipe per workload")[1].split("\n## ")[0]
         assert "### agent (agent_set)" in section and "### chat (chat_set)" in section
         agent = section.split("### agent")[1].split("###")[0]
         row = next(line for line in agent.splitlines() if line.startswith("| 2 |"))
         # best n-gram; best trained EAGLE-3; best training-free n-gram; the pooled best EAGLE-3
         assert row.count("n-gram") == 2 and row.count("EAGLE-3") == 2 and "1.800 tok/step" in row, row
-    alone = results(evaluations(), None)
-    assert "Recipe per workload" not in card(card_inputs(alone))
+    assert "Recipe per workload" not in card(card_inputs(written))  # no labels: one workload, pooled alone
 
 
 def with_tool_counts(evaluation: dict, counts: dict[str, tuple[int, int]]) -> dict:
@@ -160,13 +161,13 @@ def test_each_tool_set_reports_its_calls_and_one_with_none_is_named_beside_its_f
     # two methods, each a cell run and a baseline run of the set
     assert pick.tool_use(measured) == {"agent_set": {"requests_with_tools": 16, "tool_calls": 0}}
     written = results(measured)
-    for text in (card(card_inputs(written)), report(tmp_path, report_inputs(written))):
+    for text in (card(labelled(written)), report(tmp_path, report_inputs(written))):
         section = text.split("## Tool calls")[1].split("\n## ")[0]
         assert f"- agent_set (agent): 0 tool calls in 16 requests with tools; **{NO_TOOL_CALLS}**" in section
         assert "chat_set" not in section
-    assert "| agent_set (no tool calls: see below) | 3 |" in card(card_inputs(written))
+    assert "| agent_set (no tool calls: see below) | 3 |" in card(labelled(written))
     calling = results({m: with_tool_counts(e, {"agent_set": (4, 3)}) for m, e in evaluations().items()})
-    text = card(card_inputs(calling))
+    text = card(labelled(calling))
     assert "- agent_set (agent): 12 tool calls in 16 requests with tools" in text and NO_TOOL_CALLS not in text
     shared = {m: {**e, "baseline_shared": True} for m, e in measured.items()}  # one baseline, counted once
     assert pick.tool_use(shared)["agent_set"]["requests_with_tools"] == 12

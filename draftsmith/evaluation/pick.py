@@ -279,20 +279,19 @@ def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
 
 
 def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: str, concurrencies: list[int],
-            pick_by: str, pick_at: int, ngram: dict, workloads: dict[str, str] | None = None) -> dict:
+            pick_by: str, pick_at: int, ngram: dict) -> dict:
     """``results/evaluation/results.json``: the pick, the serving table per concurrency, every family's row,
-    every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows); with
-    ``workloads`` (each prompt set's) of two or more kinds, the serving table per workload too."""
+    every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows). The
+    table per workload is the card's and the report's (:func:`serving_by_workload`): a label that the pick, and
+    the schedule served after it, do not depend on."""
     winner, first = next(r for r in rows if r["family"] == chosen), evaluations[chosen]  # measured: it won
-    by_workload = serving_by_workload(evaluations, concurrencies, pick_by, workloads or {})
-    extra = {"workloads": workloads, "serving_by_workload": by_workload} if by_workload else {}
     return {"target": first["target"], "engine": first["engine"], "max_tokens": first["max_tokens"],
             "temperatures": first["temperatures"], "concurrency": concurrencies, "ngram": ngram,
             "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
             "on_accelerator": first.get("on_accelerator"), "device": device_of(first), "family": chosen,
             "pick": {"by": pick_by, "at": pick_at, "family": chosen, "k": winner["best"]["k"], "why": why},
             "runs": winner["runs"], "families": rows, "serving": serving(evaluations, concurrencies, pick_by),
-            "load_changed": load_changes(evaluations), "methods": evaluations, **extra}
+            "load_changed": load_changes(evaluations), "methods": evaluations}
 
 
 def device_of(evaluation: dict) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
@@ -33,6 +33,7 @@ class Inputs:
     serving: dict | None = None  # serving.json: the published method's schedule and its measurement
     tokenized: dict[str, dict] | None = None  # each generated dataset's tokenize stats (its answers' repetition)
     gates: dict[str, dict] | None = None  # every trained family's export gate: served against predicted
+    workloads: dict[str, str] = field(default_factory=dict)  # each evaluation set's workload (its label)
 
 
 def _baselines(methods: dict[str, dict]) -> str:
@@ -634,12 +635,13 @@ def _with_plot(section: list[str], image: str) -> list[str]:
 
 def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_plot_name: str,
              speedup_map_name: str) -> str:
-    lines = ["# draftsmith report", "", *_serving(inputs.results), "", *_section(recipe_by_workload(inputs.results)),
+    lines = ["# draftsmith report", "", *_serving(inputs.results), "",
+             *_section(recipe_by_workload(inputs.results, inputs.workloads)),
              *_section(schedule_section(inputs)),
              *_section(gate_tables(inputs.gates)),
              *_section(load_changed(inputs.results)),
              f"![speed-up map]({speedup_map_name})", "", *_evaluation(inputs.results), "",
-             *_section(tool_calls(inputs.results)),
+             *_section(tool_calls(inputs.results, inputs.workloads)),
              *_section(derived_lengths(inputs.results)),
              f"![acceptance and tokens per step]({plot_name})", "",
              *_with_plot(_families(inputs.results), f"![drafter families]({families_plot_name})"),
