@@ -286,6 +286,22 @@ def test_gpu_memory_held_is_none_where_it_cannot_tell(tmp_path, monkeypatch, out
     assert ev.gpu_memory_held() is None
 
 
+def test_gpu_memory_in_use_with_no_process_listed_cannot_tell(tmp_path, monkeypatch):
+    """In a container without the host's process namespace nvidia-smi lists no compute process; a previous
+    server's 60 GiB still in use must read as 'cannot tell', not as free GPUs (which would make an out-of-memory
+    start the drafter's at once)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text('#!/bin/sh\ncase "$1" in --query-gpu=*) printf "61440\\n3\\n" ;; esac\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert ev.gpu_memory_held() is None
+    script.write_text('#!/bin/sh\ncase "$1" in --query-gpu=*) printf "3\\n5\\n" ;; esac\n')
+    assert ev.gpu_memory_held() == 0
+
+
 def test_the_gate_serves_again_an_engine_killed_once_and_records_one_killed_every_time(monkeypatch):
     """The export gate's serving goes through the same retries as a grid cell: killed once, served again and
     measured; killed at each try, the family's failure with its cause (not a gate job that fails every rerun)."""

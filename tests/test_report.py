@@ -369,7 +369,7 @@ def test_every_predicted_figure_says_exact_or_estimate_and_a_replay_that_did_not
                            "direction": "above"}]}
     text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, training, gate, gates={"eagle3": gate}))
     label = "estimate: the stored answer tokens are the target's argmax at 87.4% of positions"
-    assert f"Predicted served τ at k=3: {label} (where a stored token is not the target's argmax, a sampled answer's" in text
+    assert f"Predicted served τ at k=3: {label} (where a stored token is not the target's argmax, a sampled " in text
     assert "Each served draft length's own walk (without looping rows): epoch 1 k=1 1.180, k=3 1.250;" in text
     assert "| 1 | 0.200 | 0.300 | 1.50 | **above 1.25** |" in text and f"Predicted: {label}" in text
     assert f"Predicted: {label}" in card(card_inputs(RESULTS, gate=gate))

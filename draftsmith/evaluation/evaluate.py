@@ -579,6 +579,11 @@ GPU_FREE_WAIT_S = 300.0  # how long the previous server's GPU memory is waited f
 GPU_POLL_S = 5.0
 
 
+# GPU memory in use with no process listed, above which processes nvidia-smi cannot see hold it (an idle GPU
+# reads a few MiB; a CUDA context alone some hundreds)
+HIDDEN_HOLDER_MIB = 1024
+
+
 def gpu_memory_held() -> int | None:
     """MiB of GPU memory that other processes hold on this job's GPUs (``CUDA_VISIBLE_DEVICES``), by
     ``nvidia-smi``'s compute apps; None where it cannot say (no nvidia-smi, another accelerator, a MIG instance:
@@ -586,20 +591,30 @@ def gpu_memory_held() -> int | None:
     import os
     import subprocess
 
-    command = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    ids = []
     if visible := os.environ.get("CUDA_VISIBLE_DEVICES", "").strip():
         if "MIG-" in visible:
             return None
-        command.append(f"--id={visible}")
-    try:
-        listed = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+        ids = [f"--id={visible}"]
+
+    def query(what: str) -> list[list[int]] | None:
+        command = ["nvidia-smi", what, "--format=csv,noheader,nounits", *ids]
+        try:
+            listed = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+            return [[int(field) for field in line.split(",")] for line in listed.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError, ValueError):  # ValueError: "[N/A]" where the driver does not say
+            return None
+
+    apps = query("--query-compute-apps=pid,used_memory")
+    if apps is None:
         return None
-    try:
-        rows = [[int(field) for field in line.split(",")] for line in listed.splitlines() if line.strip()]
-    except ValueError:  # "[N/A]" where the driver does not say
-        return None
-    return sum(used for pid, used in rows if pid != os.getpid())
+    held = sum(used for pid, used in apps if pid != os.getpid())
+    if held:
+        return held
+    # None listed: in a container without the host's process namespace nvidia-smi lists no process at all, so
+    # memory in use on the GPUs all the same is held by processes it cannot see
+    used = query("--query-gpu=memory.used")
+    return None if used is None or any(mib > HIDDEN_HOLDER_MIB for (mib,) in used) else 0
 
 
 def wait_for_gpu_memory(held: Callable[[], int | None] | None = None, sleep: Callable[[float], None] | None = None,
