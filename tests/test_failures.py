@@ -231,7 +231,8 @@ def test_an_engine_killed_at_every_try_while_serving_is_the_methods_with_its_cau
     server, calls = starts(tmp_path, [], dies_with=TAILS[srv.ENGINE_KILLED])
     measured = cells(server)
     assert len(calls) == ev.START_TRIES and fake_grid.waits == [ev.RETRY_WAIT_S, 2 * ev.RETRY_WAIT_S]
-    assert measured[0]["failed"].startswith("killed by the host's OOM killer while serving: its log shows the "
+    assert measured[0]["failed"].startswith("its engine killed by a signal while serving, most often the host's OOM "
+                                            "killer: its log shows the "
                                             "engine process killed while it served")
 
 
@@ -318,4 +319,38 @@ def test_the_gate_serves_again_an_engine_killed_once_and_records_one_killed_ever
     assert ev.killed_every_try(killed_until(2), "the eagle3 gate") is None and len(tries) == 2
     tries.clear()
     why = ev.killed_every_try(killed_until(ev.START_TRIES + 1), "the eagle3 gate")
-    assert why.startswith("killed by the host's OOM killer while serving") and len(tries) == ev.START_TRIES
+    assert why.startswith("its engine killed by a signal while serving") and len(tries) == ev.START_TRIES
+
+
+def test_a_try_killed_midway_is_served_again_whole_without_its_points_twice(tmp_path, fake_grid, monkeypatch):
+    """The engine killed at concurrency 4 after concurrency 2 was measured: the next try measures the cell again
+    on a fresh server, and the record holds each point once (the first try's points dropped, not kept twice)."""
+    import httpx
+
+    grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2, 4], False, "vllm")
+    log_path, calls = tmp_path / "server.log", []
+
+    @contextmanager
+    def start():
+        calls.append(1)
+        first, begun = len(calls) == 1, log_path.stat().st_size if log_path.is_file() else 0
+        running = SimpleNamespace(base_url="dies-at-4" if first else "up", exited_before_stop=None,
+                                  cause=lambda: srv.failure_cause(srv.own_log(log_path, begun)))
+        try:
+            yield running
+        finally:
+            if first:
+                with log_path.open("a") as out:
+                    out.write(TAILS[srv.ENGINE_KILLED])
+                running.exited_before_stop = 1
+
+    def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, concurrency, *args, **kwargs):
+        if base_url == "dies-at-4" and concurrency == 4:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0, "held": True}]
+
+    monkeypatch.setattr(ev, "runs_at", runs_at)
+    baseline = [{"concurrency": c, "runs": [{"output_tok_s": 40.0, "held": True}]} for c in (2, 4)]
+    measured = ev.measure_cells(grid, "m", baseline, {("finetuned", 3): start})["cells"]
+    assert len(calls) == 2 and [c["concurrency"] for c in measured] == [2, 4], measured
+    assert not any("failed" in c for c in measured)

@@ -797,7 +797,9 @@ def killed_every_try(attempt: Callable[[], None], what: str) -> str | None:
             return None
         except KilledWhileServing as err:
             if tries == START_TRIES:
-                return f"killed by the host's OOM killer while serving: {err} (at each of {START_TRIES} tries)"
+                return (f"its engine killed by a signal while serving, most often the host's OOM killer: {err} (at "
+                        f"each of {START_TRIES} tries; with more memory, delete this method's results/evaluation "
+                        "file, or its gate.json, to measure it again)")
             log.warning("%s: %s: served again (%d of %d)", what, err, tries + 1, START_TRIES)
             time.sleep(RETRY_WAIT_S * tries)
     return None
