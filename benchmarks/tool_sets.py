@@ -37,7 +37,7 @@ from draftsmith.data.chat import tool_template_problem  # noqa: E402
 from draftsmith.data.datasets import load_configured  # noqa: E402
 from draftsmith.evaluation import evaluate as ev  # noqa: E402
 from draftsmith.generation import generate as gen  # noqa: E402
-from draftsmith.generation.client import ChatClient, RetryPolicy  # noqa: E402
+from draftsmith.generation.client import ChatClient, RequestFailed, RetryPolicy  # noqa: E402
 from draftsmith.generation.server import managed_server  # noqa: E402
 
 
@@ -65,8 +65,13 @@ def serving(run: Path, config: dict, sets: dict, rendering: str, parser: str | N
         with managed_server(spec, run / "logs" / f"tool_sets.{label.replace(' ', '_')}.server.log") as server:
             ev.warm_up(server.base_url, target.model, sets, max_tokens)
             for name, prompts in sets.items():
-                measured = ev.measure(server.base_url, target.model, prompts, ev.sampling(max_tokens, 0.0, False),
-                                      concurrency, "vllm", drafting=method is not None, tool_rendering=rendering)
+                try:
+                    measured = ev.measure(server.base_url, target.model, prompts,
+                                          ev.sampling(max_tokens, 0.0, False), concurrency, "vllm",
+                                          drafting=method is not None, tool_rendering=rendering)
+                except RequestFailed as err:  # e.g. a set whose tools do not fit the target's context
+                    print(f"{name} {label}: not measured: {err}", flush=True)
+                    continue
                 acceptance = measured.get("acceptance") or {}
                 rows.append({"set": name, "method": label, "tok_s": measured["output_tok_s"],
                              "tokens_per_step": acceptance.get("tokens_per_step"), "tau": acceptance.get("tau_pooled"),
@@ -85,7 +90,7 @@ def cost(config: dict, sets: dict, rendering: str, parser: str | None, rows_per_
     with tempfile.TemporaryDirectory() as folder, managed_server(spec, Path(folder) / "server.log") as server:
         for name, prompts in sets.items():
             settings = gen.GenerationSettings(max_tokens=max_tokens, concurrency=4, tool_rendering=rendering,
-                                              tool_call_parser=parser)
+                                              tool_call_parser=parser, max_error_fraction=1.0)
             client = ChatClient(server.base_url, target.model, retry=RetryPolicy(max_attempts=2))
             files = gen.Outputs(*(Path(folder) / f"{name}.{kind}" for kind in ("jsonl", "stats", "errors", "journal")))
             stats = asyncio.run(_generate(prompts[:rows_per_set], client, settings, files, name))
@@ -95,7 +100,7 @@ def cost(config: dict, sets: dict, rendering: str, parser: str | None, rows_per_
                         "completion_tokens_per_row": stats["completion_tokens"] / records,
                         "seconds_per_row": stats["wall_s_this_run"] / records,
                         "tool_calls": stats.get("tool_calls", 0), "cuts": stats.get("cuts_by_reason", {}),
-                        "fewer_calls": stats.get("fewer_calls", 0)})
+                        "fewer_calls": stats.get("fewer_calls", 0), "errors": stats["errors"]})
             print(json.dumps(out[-1]), flush=True)
     return out
 
@@ -109,6 +114,7 @@ async def _generate(prompts, client, settings, files, name) -> dict:
 
 def tables(serving_rows: list[dict], cost_rows: list[dict]) -> list[str]:
     alone = {r["set"]: r["tok_s"] for r in serving_rows if r["method"] == "target alone"}
+    serving_rows = [r for r in serving_rows if r["set"] in alone]
     lines = ["| set | method | tok/s | speed-up | tokens per step | τ | tool calls / requests | held |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in serving_rows:
@@ -117,10 +123,10 @@ def tables(serving_rows: list[dict], cost_rows: list[dict]) -> list[str]:
         lines.append(f"| {r['set']} | {r['method']} | {r['tok_s']:.1f} | {r['tok_s'] / alone[r['set']]:.2f}× | "
                      f"{per_step} | {tau} | {r['tool_calls']} / {r['requests']} | {r['held']} |")
     lines += ["", "| set | rows | prompt tokens / row | completion tokens / row | s / row | tool calls | cuts | "
-              "fewer calls |", "|---|---:|---:|---:|---:|---:|---|---:|"]
+              "fewer calls | failed |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     lines += [f"| {r['set']} | {r['rows']} | {r['prompt_tokens_per_row']:.0f} | {r['completion_tokens_per_row']:.0f} | "
               f"{r['seconds_per_row']:.2f} | {r['tool_calls']} | {dict(Counter(r['cuts'])) or '–'} | "
-              f"{r['fewer_calls']} |" for r in cost_rows]
+              f"{r['fewer_calls']} | {r['errors']} |" for r in cost_rows]
     return lines
 
 
