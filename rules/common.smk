@@ -71,7 +71,11 @@ CONFIG_DIGEST = json_digest(
             if not (k == "tool_call_parser" and v is None)
         },
         "tokenize": tokenize_params(RESULT["tokenize"])
-        | {k: v for k, v in RESULT["tokenize"].items() if k == "tool_rendering" and v != "template"},
+        | {
+            k: v
+            for k, v in RESULT["tokenize"].items()
+            if k == "tool_rendering" and v != "template"
+        },
         "datasets": DATASET_ENTRIES,
         "evaluation": serving_methods.grid_settings(RESULT["evaluation"])
         | {
