@@ -98,9 +98,10 @@ def test_only_this_servers_part_of_an_appended_log_is_read(tmp_path):
 GRID = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2], False, "vllm")
 
 
-def starts(tmp_path, tails: list[str | None], dies_with: str | None = None):
+def starts(tmp_path, tails: list[str | None], dies_with: str | None = None, dying_starts: int | None = None):
     """A fake server: each start exits with the next of ``tails`` written to its log (None: it starts); a started
-    one ends with exit code 1 while serving, its log ``dies_with``, when that is given."""
+    one ends with exit code 1 while serving, its log ``dies_with``, when that is given (the first
+    ``dying_starts`` of them only, where given)."""
     log_path, calls = tmp_path / "server.log", []
 
     @contextmanager
@@ -113,12 +114,13 @@ def starts(tmp_path, tails: list[str | None], dies_with: str | None = None):
                 out.write(tail)
             raise ServerExited(f"server exited with code 1 before it was ready; last lines of {log_path}", 1,
                                log_path, begun)
-        running = SimpleNamespace(base_url="dies" if dies_with else "up", exited_before_stop=None,
+        dies = dies_with and (dying_starts is None or len(calls) <= dying_starts)
+        running = SimpleNamespace(base_url="dies" if dies else "up", exited_before_stop=None,
                                   cause=lambda: srv.failure_cause(srv.own_log(log_path, begun)))
         try:
             yield running
         finally:
-            if dies_with:
+            if dies:
                 with log_path.open("a") as out:
                     out.write(dies_with)
                 running.exited_before_stop = 1
@@ -328,24 +330,10 @@ def test_a_try_killed_midway_is_served_again_whole_without_its_points_twice(tmp_
     import httpx
 
     grid = ev.Grid({"held": [Prompt("a", ["hi"])]}, [0.0], 32, [2, 4], False, "vllm")
-    log_path, calls = tmp_path / "server.log", []
-
-    @contextmanager
-    def start():
-        calls.append(1)
-        first, begun = len(calls) == 1, log_path.stat().st_size if log_path.is_file() else 0
-        running = SimpleNamespace(base_url="dies-at-4" if first else "up", exited_before_stop=None,
-                                  cause=lambda: srv.failure_cause(srv.own_log(log_path, begun)))
-        try:
-            yield running
-        finally:
-            if first:
-                with log_path.open("a") as out:
-                    out.write(TAILS[srv.ENGINE_KILLED])
-                running.exited_before_stop = 1
+    start, calls = starts(tmp_path, [], dies_with=TAILS[srv.ENGINE_KILLED], dying_starts=1)
 
     def runs_at(base_url, model, sets, temperatures, max_tokens, seeded, concurrency, *args, **kwargs):
-        if base_url == "dies-at-4" and concurrency == 4:
+        if base_url == "dies" and concurrency == 4:
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
         return [{"set": "held", "temperature": 0.0, "prompts": 1, "output_tok_s": 50.0, "held": True}]
 
