@@ -209,3 +209,16 @@ def test_a_grid_with_tool_sets_serves_the_target_with_its_tool_call_parser(monke
     command = ev.for_measurement(ServerSpec(model="m"), "hermes").command(8000)
     assert "--enable-auto-tool-choice" in command and command[command.index("--tool-call-parser") + 1] == "hermes"
     assert "--tool-call-parser" not in ev.for_measurement(ServerSpec(model="m")).command(8000)
+
+
+def test_the_training_free_page_ranks_its_methods_against_the_target_alone(tmp_path):
+    """results/evaluation/training_free.md (./run.sh results/evaluation/training_free.md, before any data run):
+    per concurrency the best training-free setting against plain serving, and every cell measured."""
+    from draftsmith.evaluation.report import training_free_markdown
+
+    measured = {"ngram": grid.evaluation("ngram", {(3, 2): (1.2, 1.4)}, trained=False),
+                "suffix": grid.evaluation("suffix", {(3, 2): (1.1, 1.6)}, trained=False)}
+    page = training_free_markdown(measured, pick.serving(measured, [2], "tau"), "tau")
+    assert page.startswith("# Training-free speculation on this target")
+    recipe = page.split("## Serving recipe")[1].split("\n## ")[0]
+    assert "suffix" in recipe.lower() and "1.600" in recipe, recipe
