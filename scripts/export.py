@@ -9,6 +9,7 @@ from draftsmith.core import compute
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation import vllm_fixes
+from draftsmith.generation.generate import answer_sampling
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
@@ -27,15 +28,15 @@ def failed(checkpoint: Path, reason: str, epoch: int) -> None:
     log.error("%s: left out of the pick: %s", sm.wildcards.family, reason)
 
 
-def predicted_at_gate(checkpoint: Path, tgt, rows: int, skip: set, stores: dict, k: int) -> tuple[dict | None,
-                                                                                                 str | None]:
+def predicted_at_gate(checkpoint: Path, tgt, rows: int, skip: set, stores: dict, k: int,
+                      samplings: dict) -> tuple[dict | None, str | None]:
     """What the gate's server should accept, by position: the exported checkpoint replayed on the same validation
     rows, first turns and window (draftsmith.training.replay); else None and why (online hidden states: none
     stored to replay on; the replay failed or had no rows)."""
     if not stores:
         return None, replay.ONLINE
     return replay.at_gate(checkpoint, Path(sm.input.table), stores, skip, Path(tgt.model), rows, k, ex.GATE_WINDOW,
-                          compute.device())
+                          compute.device(), samplings)
 
 
 def main() -> None:
@@ -71,7 +72,8 @@ def main() -> None:
     chosen = next((v for v in summary["validation"] if v["epoch"] == epoch), {})
     expected = families.first_position_accuracy(chosen)
     stores, left_out = replay.open_stores(sm.input.manifests)  # rows whose extraction failed: not gated either
-    rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], skip=left_out)
+    samplings = answer_sampling(sm.config["datasets"])  # served as generated (read here: no param, nothing retrained)
+    rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], samplings, skip=left_out)
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started, served = {}, {}
     spec = ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter))
@@ -93,7 +95,7 @@ def main() -> None:
         failed(checkpoint, f"vLLM did not serve the drafter: {killed} (log: {sm.log.server})", epoch)
         return
     acceptance = served["acceptance"]
-    predicted, why_not = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k)
+    predicted, why_not = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k, samplings)
     passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
                                 "predicted": predicted, "predicted_missing": why_not, "positions": positions,

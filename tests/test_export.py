@@ -249,8 +249,8 @@ def test_a_block_drafter_with_full_attention_is_refused_not_served_with_another_
     assert not (tmp_path / "d" / "final.safetensors").exists()
 
 
-def run_export_job(tmp_path, target_dir, family, checkpoint):
-    """scripts/export.py as Snakemake runs it, on one family's training summary."""
+def run_export_job(tmp_path, target_dir, family, checkpoint, datasets=None):
+    """scripts/export.py as Snakemake runs it, on one family's training summary (``datasets``: the config's)."""
     import runpy
     from types import SimpleNamespace
 
@@ -258,7 +258,8 @@ def run_export_job(tmp_path, target_dir, family, checkpoint):
     from tests.conftest import REPO
     from tests.test_config import MINIMAL
 
-    config = validate_config({**MINIMAL, "target": {"name": "t", "source": str(target_dir)}})
+    config = validate_config({**MINIMAL, "target": {"name": "t", "source": str(target_dir)},
+                              **({"datasets": datasets} if datasets else {})})
     summary = tmp_path / "training.json"
     summary.write_text(json.dumps({"checkpoint": str(checkpoint), "chosen": {"epoch": 0},
                                    "validation": [{"epoch": 0, "full_acc_0_epoch": 0.3}]}))
@@ -313,6 +314,7 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
 
     from draftsmith.evaluation import evaluate as ev
     from draftsmith.generation import server
+    from draftsmith.training import replay
 
     @contextmanager
     def serving(spec, log_path):
@@ -338,7 +340,7 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
     monkeypatch.setattr(server, "managed_server", serving)
     monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: {})
     monkeypatch.setattr(ev, "continue_tokens", dying)
-    monkeypatch.setattr(ex, "gate_rows", lambda table, count, skip: [([1, 2, 3], 4)])
+    monkeypatch.setattr(ex, "gate_rows", lambda table, count, samplings, skip: [([1, 2, 3], 4, replay.GREEDY)])
     if fault in ("rejected", "slow", "oom_killed", "killed_drafting"):
         with pytest.raises(SystemExit):
             run_export_job(tmp_path, target_dir, "eagle3", drafter)
@@ -361,10 +363,71 @@ def test_the_gate_flags_a_position_served_well_above_its_prediction_too_and_labe
     ok, verdict, positions = ex.gate_verdict(served, 0.15, predicted=predicted)
     assert ok and [(p["flag"], p["direction"]) for p in positions] == [(True, "above"), (True, "above"),
                                                                        (None, None)]
-    assert "(predicted 0.141, estimate: the stored answer tokens are the target's argmax at 81.2% of positions)" \
-        in verdict and "flagged, served outside 80%-125% of the predicted acceptance at positions 1 above, 2 above" \
-        in verdict
+    assert "(predicted 0.141, estimate: the stored greedy answers' tokens are the target's argmax at 81.2% of " \
+        "positions)" in verdict
+    assert "flagged, served outside 80%-125% of the predicted acceptance at positions 1 above, 2 above" in verdict
     within = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.16, 0.016, 0.0]}, 0.15,
                              predicted={**predicted, "exactness": {"basis": "exact", "agreement": 1.0,
                                                                    "positions": 512}})
     assert [p["flag"] for p in within[2]] == [False, False, None] and "(predicted 0.141, exact)" in within[1]
+
+
+def test_sampled_answers_are_gated_at_their_sampling_and_flagged_only_beyond_two_samples_spread():
+    """Generated at T=0.6, the gate serves the rows sampled alike and the replay walks their sampled answers: each
+    side is one sample of the same acceptance. A gap within three standard errors of the two is what samples
+    differ by (not flagged); a drafter that halves the acceptance still is. An exact prediction has no spread."""
+    from draftsmith.training import replay
+
+    predicted = {"drafts": 400, "acceptance_rate_per_position": [0.141, 0.014, 0.0],
+                 "accepted_per_position": [56.4, 5.6, 0.0],
+                 "exactness": replay.exactness(0, 0, 512, [{"temperature": 0.6}])}
+    near = {"drafts": 400, "acceptance_rate_per_position": [0.18, 0.02, 0.0]}  # 1.28x: outside the band
+    ok, verdict, positions = ex.gate_verdict(near, 0.15, predicted=predicted)
+    assert ok and positions[0]["flag"] is False and positions[0]["spread"] == pytest.approx(0.0259, abs=1e-4)
+    assert "512 answer tokens sampled (T=0.6), walked as a server sampling alike accepts them, each step by its " \
+        "expected acceptance: one path each, for serving at that sampling, not greedily" in verdict
+    halved = ex.gate_verdict({**near, "acceptance_rate_per_position": [0.05, 0.01, 0.0]}, 0.15, predicted=predicted)
+    assert [(p["flag"], p["direction"]) for p in halved[2][:1]] == [(True, "below")]
+    exact = {**predicted, "exactness": replay.exactness(512, 512)}
+    assert ex.gate_verdict(near, 0.15, predicted=exact)[2][0]["direction"] == "above"
+
+
+def test_the_gate_serves_each_row_as_its_answers_were_generated(tmp_path):
+    """The replay walks a sampled answer as a server sampling alike: the gate's server must sample alike (with
+    the dataset's top-p, top-k), and continue greedy answers greedily; rows the workflow did not generate
+    (pre-tokenized: no sampling known) are continued greedily too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftsmith.data import merge
+    from draftsmith.generation.generate import answer_sampling
+    from draftsmith.training import replay
+
+    table = tmp_path / "merged.parquet"
+    pq.write_table(pa.table({"dataset": ["chat", "code", "imported"], "source_row": [0, 0, 0],
+                             "input_ids": [[1, 2, 3, 4]] * 3, "loss_mask": [[0, 0, 1, 1]] * 3,
+                             "split": [merge.VALIDATION] * 3}), table)
+    samplings = answer_sampling({
+        "chat": {"generation": {"temperature": 0.6, "top_p": 0.95,
+                                "extra_body": {"top_k": 20, "chat_template_kwargs": {}}}},
+        "code": {"generation": {"temperature": 0.0}}, "imported": {"kind": "tokenized"}})
+    assert samplings == {"chat": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}, "code": {"temperature": 0.0},
+                         "imported": None}
+    rows = ex.gate_rows(table, 3, samplings)
+    assert rows == [([1, 2], 2, {"temperature": 0.6, "top_p": 0.95, "top_k": 20}), ([1, 2], 2, replay.GREEDY),
+                    ([1, 2], 2, replay.GREEDY)]
+
+
+def test_the_export_job_gates_at_the_datasets_answers_sampling(drafter, target_dir, tmp_path, monkeypatch):
+    """scripts/export.py hands the gate each dataset's sampling from the config (no param: nothing retrains)."""
+    seen = []
+
+    def rows(table, count, samplings, skip):
+        seen.append(samplings)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ex, "gate_rows", rows)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_export_job(tmp_path, target_dir, "eagle3", drafter,
+                       datasets={"a": {"source": "a.jsonl", "generation": {"temperature": 0.6}}})
+    assert seen == [{"a": {"temperature": 0.6}}]

@@ -352,3 +352,120 @@ def test_predict_epochs_replays_each_epoch_at_the_served_draft_lengths(tmp_path,
     replay.predict_epochs(validation, {0: tmp_path, 1: tmp_path}, merged, stores, set(), tmp_path, [1, 3], "cpu")
     assert drafter.asked == [3] * 6 and all(set(v["predicted_served"]["by_k"]) == {"1", "3"} for v in validation)
     assert validation[0]["predicted_served"]["rows"] == 3
+
+
+class FixedDrafter:
+    """Drafts the same tokens whatever the row holds: ``drafts[s][p]``."""
+
+    def __init__(self, drafts: list[list[int]]):
+        self.drafts = drafts
+
+    def chains(self, input_ids, stored, k, walked):
+        return [d[:len(input_ids)] for d in self.drafts[:k]]
+
+
+class ChancesHead:
+    """The target's distribution after each position, ``P[q]``, the same whatever came before it."""
+
+    def __init__(self, distributions: list[list[float]]):
+        self.distributions = distributions
+
+    def chances(self, final, drafts, sampling):
+        return [[self.distributions[p + s][d] if d >= 0 and p + s < len(self.distributions) else 0.0
+                 for p, d in enumerate(row)] for s, row in enumerate(drafts)]
+
+
+def served_sampling(distributions, drafts, first, last, paths, rng) -> list[float]:
+    """Acceptance by position of a server sampling from ``distributions`` with greedy drafts, verified as vLLM's
+    rejection sampler does with one-hot draft probabilities: a draft accepted with the target's probability of
+    it; after a rejection the step ends (its token drawn from the target's distribution without the draft)."""
+    k = len(drafts)
+    steps, accepted = 0, [0] * k
+    for _ in range(paths):
+        at = first
+        while at < last:
+            steps += 1
+            n = 0
+            while n < k and at + n + 1 <= last and rng.random() < distributions[at + n][drafts[n][at]]:
+                accepted[n] += 1
+                n += 1
+            at += n + 1
+    return [a / steps for a in accepted]
+
+
+def test_a_sampled_answer_walked_as_a_server_sampling_alike_predicts_what_that_server_accepts():
+    """Generated at T=0.6, a stored answer is one path of a server sampling alike: the replay walks its tokens and
+    counts each step's expected acceptance, and over many answers meets a simulated vLLM rejection sampler. The
+    greedy walk the replay made of sampled answers before (drafts against the target's argmax) reads a server
+    that does not sample, far from this one."""
+    import random
+
+    rng, vocab, prompt, answer, k = random.Random(0), 5, 2, 24, 3
+    seq = prompt + answer
+    distributions = []
+    for _ in range(seq):
+        weights = [rng.random() ** 3 for _ in range(vocab)]
+        distributions.append([w / sum(weights) for w in weights])
+    ranked = [sorted(range(vocab), key=lambda t: -dist[t]) for dist in distributions]
+    # the drafter drafts the target's likeliest token, but its second choice from every third position
+    drafts = [[ranked[p + s][1 if p % 3 == 0 else 0] if p + s < seq else -1 for p in range(seq)] for s in range(k)]
+    first, last = prompt, seq - 1
+    served = served_sampling(distributions, drafts, first, last, 20000, rng)
+
+    rows, store = [], {}
+    for i in range(2000):
+        ids = [0] * prompt + [0] * answer
+        for q in range(prompt - 1, seq - 1):  # the token after position q, drawn from the target's distribution
+            ids[q + 1] = rng.choices(range(vocab), weights=distributions[q])[0]
+        store[i] = (ids, [r[0] for r in ranked])
+        rows.append(replay.Row(("d", i), torch.tensor(ids), [0] * prompt + [1] * answer, [r[0] for r in ranked],
+                               sampling={"temperature": 0.6}))
+    total, _ = replay.predict(FixedDrafter(drafts), rows, {"d": FakeStore(store)}, [k],
+                              head=ChancesHead(distributions))[k]
+    predicted = total.as_dict()
+    assert predicted["acceptance_rate_per_position"] == pytest.approx(served, abs=0.015)
+    assert any(a != int(a) for a in total.accepted)  # each step counted by its expected acceptance, not its match
+    assert predicted["exactness"] == {"basis": "estimate", "agreement": None, "positions": 0, "sampled": {
+        "positions": 2000 * (answer - 0), "sampling": [{"temperature": 0.6}], "expected": True}}
+    greedy = replay.walk(drafts, [r[0] for r in ranked], first, last).as_dict()["acceptance_rate_per_position"]
+    assert greedy[0] - served[0] > 0.2
+
+
+def test_a_sampling_the_replay_cannot_compute_is_walked_by_its_matches_and_says_so():
+    """Penalties or min-p: vLLM's rejection sampler applies them otherwise than the replay's head could; the walk
+    counts the drafts the sampled answer matches (still one path of that server) and the label says so."""
+    rows, stores = fake_rows([greedy_row(0)])
+    rows[0].sampling = {"temperature": 0.6, "repetition_penalty": 1.1}
+    total, _ = replay.predict(FakeDrafter(), rows, stores, [3], head=ChancesHead([]))[3]
+    label = total.as_dict()["exactness"]
+    assert label["sampled"]["expected"] is False and label["basis"] == "estimate"
+    assert total.accepted[0] == total.steps  # every first draft is the stored token after it: matched, counted whole
+    from draftsmith.training.export import basis_text
+
+    assert "T=0.6, repetition_penalty 1.1" in basis_text(label) and "by the drafts they match" in basis_text(label)
+
+
+def test_the_heads_acceptance_chances_are_vllms_sampling_of_the_targets_logits():
+    """The chance a sampling server accepts a draft: the target's probability of it after temperature, top-k and
+    top-p, computed as vLLM's own sampler does (its apply_top_k_top_p, the reference here)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    generator = torch.Generator().manual_seed(0)
+    head = object.__new__(replay.TargetHead)
+    head.head, head.norm = torch.randn(50, 16, generator=generator), torch.ones(16)
+    head.eps, head.device = 1e-6, "cpu"
+    final = torch.randn(20, 16, generator=generator)
+    drafts = torch.randint(0, 50, (3, 20), generator=generator).tolist()
+    drafts[1][4] = -1  # nothing drafted there
+    sampling = {"temperature": 0.7, "top_k": 8, "top_p": 0.8}
+    normed = final * torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + 1e-6)
+    logits = (normed @ head.head.T) / 0.7
+    reference = apply_top_k_top_p_pytorch(logits, torch.full((20,), 8), torch.full((20,), 0.8)).softmax(-1)
+    for p in range(0, 20, 2):  # the target's likeliest token drafted first from every other position
+        drafts[0][p] = int(reference[p].argmax())
+    chances = head.chances(final, drafts, sampling)
+    for s in range(3):
+        for p in range(20):
+            want = reference[p + s, drafts[s][p]].item() if p + s < 20 and drafts[s][p] >= 0 else 0.0
+            assert chances[s][p] == pytest.approx(want, abs=1e-6)
+    assert sum(c > 0 for row in chances for c in row) > 10 and sum(c == 0 for c in chances[2]) > 10  # both

@@ -368,11 +368,22 @@ def test_every_predicted_figure_says_exact_or_estimate_and_a_replay_that_did_not
             "positions": [{"position": 1, "predicted": 0.2, "served": 0.3, "ratio": 1.5, "flag": True,
                            "direction": "above"}]}
     text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, training, gate, gates={"eagle3": gate}))
-    label = "estimate: the stored answer tokens are the target's argmax at 87.4% of positions"
-    assert f"Predicted served τ at k=3: {label} (where a stored token is not the target's argmax, a sampled " in text
+    label = "estimate: the stored greedy answers' tokens are the target's argmax at 87.4% of positions"
+    assert f"Predicted served τ at k=3: {label} (where a greedy answer's stored token is not the target's argmax, " \
+        "a near-tie" in text
     assert "Each served draft length's own walk (without looping rows): epoch 1 k=1 1.180, k=3 1.250;" in text
     assert "| 1 | 0.200 | 0.300 | 1.50 | **above 1.25** |" in text and f"Predicted: {label}" in text
     assert f"Predicted: {label}" in card(card_inputs(RESULTS, gate=gate))
+    sampled = {"basis": "estimate", "agreement": None, "positions": 0,
+               "sampled": {"positions": 900, "sampling": [{"temperature": 0.6, "top_p": 0.95}], "expected": True}}
+    gate = {**gate, "predicted": {**gate["predicted"], "exactness": sampled}}
+    training = {**TRAINING, "validation": [{**e, "predicted_served": {**served, "exactness": sampled}}
+                                           for e in TRAINING["validation"]]}
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, training, gate, gates={"eagle3": gate}))
+    label = ("estimate: 900 answer tokens sampled (T=0.6, top_p 0.95), walked as a server sampling alike accepts "
+             "them, each step by its expected acceptance: one path each, for serving at that sampling, not greedily")
+    assert f"Predicted served τ at k=3: {label}." in text and f"Predicted: {label}." in text
+    assert f"Predicted: {label}." in card(card_inputs(RESULTS, gate=gate))
 
     online = {**TRAINING, "validation": [{**e, "predicted_served_skipped": "skipped: online hidden states, none "
                                           "stored to replay on"} for e in TRAINING["validation"]]}

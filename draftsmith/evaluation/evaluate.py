@@ -331,21 +331,22 @@ async def _idle(root: str, engine: str, metrics: httpx.AsyncClient, timeout_s: f
     log.warning("%s still runs requests %.0f s after a window ended", root, timeout_s)
 
 
-async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int], int]], concurrency: int,
+async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int], int, dict]], concurrency: int,
                           ignore_eos: bool = False) -> int:
-    """Greedy continuations of token-id prompts (``/v1/completions``); returns the tokens generated.
-    ``ignore_eos``: every row runs its full length (a random model may end at once, drafting nothing)."""
+    """Continuations of token-id prompts (``/v1/completions``), each ``(ids, max_tokens, sampling)`` (e.g.
+    ``{"temperature": 0.0}``: greedy); returns the tokens generated. ``ignore_eos``: every row runs its full
+    length (a random model may end at once, drafting nothing)."""
     slots = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=3600) as http:
-        async def one(ids: list[int], max_tokens: int) -> int:
+        async def one(ids: list[int], max_tokens: int, sampling: dict) -> int:
             async with slots:
-                body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+                body = {"model": model, "prompt": ids, "max_tokens": max_tokens, **sampling,
                         **({"ignore_eos": True} if ignore_eos else {})}
                 response = await http.post("/completions", json=body)
                 response.raise_for_status()
                 return response.json()["usage"]["completion_tokens"]
 
-        return sum(await asyncio.gather(*(one(ids, n) for ids, n in rows)))
+        return sum(await asyncio.gather(*(one(*row) for row in rows)))
 
 
 def prompt_sets(cfg: dict, base_dir) -> dict[str, list[Prompt]]:

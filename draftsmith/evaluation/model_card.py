@@ -298,14 +298,14 @@ def gate_table(gate: dict) -> list[str]:
             f"Over {predicted.get('rows', '–')} rows: {_num(predicted.get('drafts'), 'g')} drafts predicted, "
             f"{_num(gate['acceptance'].get('drafts'), 'g')} served. Predicted: "
             f"{basis_text(predicted.get('exactness'))}"
-            + ("" if (predicted.get("exactness") or {}).get("basis") in (None, "exact") else
-               " (the gate's server continues them greedily: where a stored token is not the target's argmax, a "
-               "sampled answer's or a near-tie, it serves other text than the replay walks)") + "."]
+            + ("" if ((predicted.get("exactness") or {}).get("agreement") or 1.0) == 1.0 else
+               " (the gate's server continues greedy answers greedily: where a stored token is not the target's "
+               "argmax, a near-tie, it serves other text than the replay walks)") + "."]
 
 
 def _flag(position: dict) -> str:
     if position["flag"] is None:
-        return f"too few to judge ({position.get('predicted_accepted', 0)} predicted accepted)"
+        return f"too few to judge ({position.get('predicted_accepted', 0):.3g} predicted accepted)"
     if not position["flag"]:
         return ""
     if position.get("direction") == "above":

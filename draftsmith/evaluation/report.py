@@ -401,11 +401,11 @@ def _predicted_basis(validation: list[dict]) -> list[str]:
         why_not = next(filter(None, map(predicted_missing, validation)), None)
         return ["", f"No predicted served τ: {why_not}; the simulated τ chose the checkpoint."] if why_not else []
     at = f" at k={served['k']}" if served.get("k") else ""
-    sampled = (served.get("exactness") or {}).get("basis") not in (None, "exact")
+    disagree = ((served.get("exactness") or {}).get("agreement") or 1.0) < 1.0
     lines = ["", f"Predicted served τ{at}: {basis_text(served.get('exactness'))}"
-             + (" (where a stored token is not the target's argmax, a sampled answer's or a near-tie between the "
-                "engine and the replay, the replay teacher-forces the drafter on it and walks it, where a server "
-                "walks its own)" if sampled else "") + "."]
+             + (" (where a greedy answer's stored token is not the target's argmax, a near-tie between the engine "
+                "and the replay or another engine's answer, the replay teacher-forces the drafter on it and walks "
+                "it, where a server walks its own)" if disagree else "") + "."]
     if len(served.get("by_k") or {}) > 1:
         lines.append("Each served draft length's own walk (without looping rows): " + "; ".join(
             f"epoch {e['epoch'] + 1} " + ", ".join(f"k={k} {_fmt(served_figure(figures), '.3f')}"
@@ -602,8 +602,9 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
              f"served below {PREDICTED_SHARE:g} or above {ABOVE_SHARE:g} of its prediction, where the prediction "
              f"accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts otherwise there than the "
              "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "
-             "are not the stored ones (sampled answers, which the gate's greedy server does not write: the "
-             "prediction is then an estimate, said with its agreement share; numerics). "
+             "are not the stored ones (numerics: the prediction is then an estimate, said with its agreement "
+             "share). Rows whose answers were sampled are served sampled alike: each side is then one sample of "
+             "the same acceptance, and a gap within three standard errors of the two is not flagged. "
              "DSpark: an engine whose confidence head cuts a block short accepts less at the later "
              "positions than the replay, which drafts the whole block."]
     for family, table in tables:

@@ -120,6 +120,12 @@ class GenerationSettings:
     def request_body(self) -> dict[str, Any]:
         return {**self.answer_affecting(), **({"return_token_ids": True} if self.return_token_ids else {})}
 
+    def sampling(self) -> dict[str, Any]:
+        """How the answers were sampled: the temperature and what else shapes the target's distribution (what
+        predicts a server's acceptance on these answers, and what the export gate serves them at)."""
+        return {"temperature": self.temperature, **({"top_p": self.top_p} if self.top_p is not None else {}),
+                **{k: v for k, v in self.extra_body.items() if k in SAMPLING_FIELDS}}
+
     def tool_affecting(self) -> dict[str, Any]:
         """How tool calls travel: empty for the defaults, so journals without tools keep their names."""
         return {k: v for k, v in {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser}
@@ -127,6 +133,15 @@ class GenerationSettings:
 
 
 TOOL_RENDERINGS = ("template", "text")
+# The request fields of vLLM's (and SGLang's) sampling that change the distribution an answer is drawn from.
+SAMPLING_FIELDS = ("top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def answer_sampling(datasets: dict[str, dict]) -> dict[str, dict[str, Any] | None]:
+    """Each dataset's answers' sampling (:meth:`GenerationSettings.sampling`) from the ``datasets`` config; None
+    for a pre-tokenized one, whose answers the workflow did not generate."""
+    return {name: None if cfg.get("kind") == "tokenized" else
+            GenerationSettings.from_config(cfg.get("generation") or {}).sampling() for name, cfg in datasets.items()}
 
 
 def tool_options(prompts: list[Prompt], parser: str | None, rendering: str, managed_engine: str | None,

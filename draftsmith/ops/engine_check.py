@@ -352,6 +352,7 @@ def _served(twin: Path, drafter: Path, server_cfg: dict, log_path: Path, trust_r
     from draftsmith.evaluation import evaluate as ev
     from draftsmith.generation.client import RequestFailed
     from draftsmith.generation.server import ServerError, managed_server
+    from draftsmith.training.replay import GREEDY
 
     method, k = ev.drafted_per_step(str(drafter), EAGLE3_CHAIN)
     target = Target(name=twin.name, source=str(twin), kind="folder", trust_remote_code=trust_remote_code)
@@ -369,7 +370,8 @@ def _served(twin: Path, drafter: Path, server_cfg: dict, log_path: Path, trust_r
         with managed_server(spec, log_path) as server:
             root = ev.root_of(server.base_url)
             before = ev.scrape_spec_counters(root)
-            asyncio.run(ev.continue_tokens(server.base_url, spec.model, [(prompt, MAX_TOKENS)], 1, ignore_eos=True))
+            asyncio.run(ev.continue_tokens(server.base_url, spec.model, [(prompt, MAX_TOKENS, GREEDY)], 1,
+                                           ignore_eos=True))
             drafts = ev.acceptance(before, ev.scrape_spec_counters(root))["drafts"]
     except (ServerError, RequestFailed, httpx.HTTPError) as err:
         key = key_error_line(log_path.read_text(errors="replace")) if log_path.is_file() else None

@@ -11,7 +11,8 @@
   ``norm_before_fc``, ``norm_output``) or more than one layer computes something else there, so
   it is refused rather than exported wrong.
 - **Gate**: vLLM loads the exported drafter and continues a few validation rows from their prompt
-  tokens at temperature 0 (the target then writes the answers the drafter was validated on);
+  tokens as their answers were generated (greedy: the target then writes the answers the drafter was
+  validated on; sampled alike where they were sampled);
   the export fails when the drafter does not load, drafts nothing, or accepts far less than its
   validation accuracy says it should (the signature of a broken vocabulary mapping).
 """
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -145,19 +147,22 @@ GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts i
 GATE_WINDOW = 64  # tokens of each answer the gate serves
 
 
-def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW,
-              skip: set[tuple[str, int]] = frozenset()) -> list[tuple[list[int], int]]:
-    """``(prompt token ids, tokens to generate)`` of the first validation rows (but ``skip``: ``(dataset, row)``
-    whose hidden states failed, which the gate's prediction cannot replay): the ids before the first supervised
-    token, and as many tokens as that first answer has (capped)."""
-    from draftsmith.training.replay import held_out
+def gate_rows(merged: Path, count: int, samplings: dict[str, dict | None], max_tokens: int = GATE_WINDOW,
+              skip: set[tuple[str, int]] = frozenset()) -> list[tuple[list[int], int, dict]]:
+    """``(prompt token ids, tokens to generate, sampling)`` of the first validation rows (but ``skip``: ``(dataset,
+    row)`` whose hidden states failed, which the gate's prediction cannot replay): the ids before the first
+    supervised token, as many tokens as that first answer has (capped), and its dataset's answers' sampling
+    where they were sampled (``samplings``; else greedy): the replay walks the answer as a server sampling
+    alike would, so the server must sample alike."""
+    from draftsmith.training.replay import GREEDY, held_out, sampled
 
     rows = []
     for entry in held_out(merged, skip, count):  # the rows the gate's prediction replays, in the same order
         ids, mask = entry["input_ids"], entry["loss_mask"]
         start = mask.index(1)
         end = next((i for i in range(start, len(mask)) if not mask[i]), len(mask))
-        rows.append((ids[:start], min(end - start, max_tokens)))
+        sampling = samplings.get(entry["dataset"])
+        rows.append((ids[:start], min(end - start, max_tokens), sampling if sampled(sampling) else GREEDY))
     return rows
 
 
@@ -168,25 +173,37 @@ def gate_rows(merged: Path, count: int, max_tokens: int = GATE_WINDOW,
 PREDICTED_SHARE = 0.8
 ABOVE_SHARE = 1.25
 FLAG_MIN_ACCEPTED = 10
+# Sampled answers make both sides one sample each: a gap within this many standard errors of the two rates is
+# what two samples of the same acceptance differ by.
+SAMPLED_Z = 3.0
 
 
-def off_prediction(served: float, predicted: float, count: int) -> str | bool | None:
-    """Which way a served rate strays from its prediction: ``"below"``, ``"above"``, False within the band,
+def off_prediction(served: float, predicted: float, count: float, spread: float = 0.0) -> str | bool | None:
+    """Which way a served rate strays from its prediction: ``"below"``, ``"above"``, False within the band (or
+    within :data:`SAMPLED_Z` of ``spread``, the standard error of their difference where both are samples),
     None where the prediction accepted too few drafts to judge."""
     if count < FLAG_MIN_ACCEPTED:
         return None
+    if abs(served - predicted) <= SAMPLED_Z * spread:
+        return False
     if served < PREDICTED_SHARE * predicted:
         return "below"
     return "above" if served > ABOVE_SHARE * predicted else False
+
+
+def sampling_spread(served: float, served_drafts: int, predicted: float, predicted_drafts: int) -> float:
+    """The standard error of the difference of two acceptance rates, each a share of its drafts."""
+    return math.sqrt(sum(rate * (1 - rate) / drafts for rate, drafts in ((served, served_drafts),
+                                                                       (predicted, predicted_drafts)) if drafts))
 
 
 def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1,
                  predicted: dict | None = None) -> tuple[bool, str, list[dict]]:
     """Whether the served drafter behaves like the trained one, and the served acceptance by position beside
     the predicted one (:mod:`draftsmith.training.replay` on the same rows and window), each flagged below
-    :data:`PREDICTED_SHARE` or above :data:`ABOVE_SHARE` of it (``flag``, and ``direction``). The prediction is
-    exact where the stored answers are the target's greedy ones (the gate's server continues greedily), else an
-    estimate, said with its agreement share.
+    :data:`PREDICTED_SHARE` or above :data:`ABOVE_SHARE` of it (``flag``, and ``direction``; beyond the two
+    samples' spread where the answers were sampled). The prediction is exact where the stored answers are the
+    target's greedy ones and the server continues them greedily, else an estimate (:func:`basis_text`).
 
     ``expected_first``: what the first position should accept, the predicted served rate where there is one
     (``predicted``), else the validation accuracy of the first drafted token. Served, the first position's
@@ -197,14 +214,16 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
     served_rates = acceptance["acceptance_rate_per_position"] or []
     predicted_rates = (predicted or {}).get("acceptance_rate_per_position") or []
     counts = (predicted or {}).get("accepted_per_position") or [0] * len(predicted_rates)
+    exactness = (predicted or {}).get("exactness") if predicted_rates else None
     positions = []
     for i, (served, want, count) in enumerate(zip(served_rates, predicted_rates, counts, strict=False)):
-        direction = off_prediction(served, want, count)
+        spread = sampling_spread(served, acceptance["drafts"], want, predicted["drafts"]) \
+            if (exactness or {}).get("sampled") else 0.0
+        direction = off_prediction(served, want, count, spread)
         positions.append({"position": i + 1, "served": served, "predicted": want, "predicted_accepted": count,
-                          "ratio": served / want if want else None,
+                          "ratio": served / want if want else None, "spread": spread or None,
                           "flag": None if direction is None else bool(direction), "direction": direction or None})
     source = "predicted" if predicted_rates else "validation"
-    exactness = (predicted or {}).get("exactness") if predicted_rates else None
     label = f", {basis_text(exactness)}" if exactness else ""
     expected_first = predicted_rates[0] if predicted_rates else expected_first
     served = (served_rates or [0.0])[0] or 0.0
@@ -229,6 +248,19 @@ def basis_text(exactness: dict | None) -> str:
         return "exactness not recorded"
     if exactness["basis"] == "exact":
         return "exact"
-    share = exactness.get("agreement")
-    return "estimate" + (f": the stored answer tokens are the target's argmax at {share:.1%} of positions"
-                         if share is not None else "")
+    share, sampled = exactness.get("agreement"), exactness.get("sampled")
+    parts = [f"the stored greedy answers' tokens are the target's argmax at {share:.1%} of positions"] \
+        if share is not None else []
+    if sampled:
+        how = "; ".join(sampling_text(s) for s in sampled["sampling"])
+        parts.append(f"{sampled['positions']:,} answer tokens sampled ({how}), walked as a server sampling alike "
+                     + ("accepts them, each step by its expected acceptance" if sampled["expected"] else
+                        "accepts them, by the drafts they match (the sampling's penalties or min-p are not computed)")
+                     + ": one path each, for serving at that sampling, not greedily")
+    return "estimate: " + "; ".join(parts) if parts else "estimate"
+
+
+def sampling_text(sampling: dict) -> str:
+    """A sampling in words: ``T=0.6, top_p 0.95``."""
+    return ", ".join([f"T={sampling['temperature']:g}",
+                      *(f"{key} {value:g}" for key, value in sorted(sampling.items()) if key != "temperature")])

@@ -22,9 +22,17 @@ anchor, the block's first slot) and the target's hidden states before it: its dr
 own anchored-block forward with every position a walk drafts from an anchor (:class:`BlockDrafter`).
 
 Exact where the answers are the target's own greedy ones (its token at a position is then the answer's
-next token, so teacher forcing feeds the chain what a server would); an estimate for sampled answers. Each walk
-counts how far the two agree (:func:`exactness`: the share of its answer tokens that are the target's argmax),
-and every figure carries that label.
+next token, so teacher forcing feeds the chain what a server would). Each walk counts how far the two agree
+(:func:`exactness`: the share of its answer tokens that are the target's argmax), and every figure carries that
+label.
+
+Sampled answers are walked as a server sampling the same way walks them: vLLM drafts greedily and verifies with
+one-hot draft probabilities, so it accepts a draft with the target's sampled probability of it, goes on with
+the draft it accepted, and after a rejection with a token drawn from the target's distribution without the
+rejected draft. The stored answer, drawn from that distribution, is one such path: the walk follows its tokens,
+and counts at each step the probability the server accepts each draft there (:meth:`TargetHead.chances`, the
+expected acceptance where every earlier draft was the answer's token). An estimate still: one sample of the
+paths, for serving at the answers' sampling, not at another temperature.
 """
 
 from __future__ import annotations
@@ -65,10 +73,13 @@ class Walk:
 
     k: int
     steps: int = 0
-    accepted: list[int] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
     tokens: int = 0
     agreed: int = 0
     compared: int = 0
+    sampled: int = 0  # answer tokens of sampled answers walked (not compared: they are no argmax)
+    samplings: list[dict] = field(default_factory=list)
+    expected: bool = True  # every sampled step counted its expected acceptance (else whether it matched)
 
     def __post_init__(self):
         self.accepted = self.accepted or [0] * self.k
@@ -78,6 +89,9 @@ class Walk:
         self.tokens += other.tokens
         self.agreed += other.agreed
         self.compared += other.compared
+        self.sampled += other.sampled
+        self.samplings += [s for s in other.samplings if s not in self.samplings]
+        self.expected = self.expected and other.expected
         self.accepted = [a + b for a, b in zip(self.accepted, other.accepted, strict=True)]
 
     def as_dict(self) -> dict:
@@ -88,15 +102,20 @@ class Walk:
                 "accepted_per_position": list(self.accepted),
                 "acceptance_rate_per_position": [a / steps for a in self.accepted] if steps else [],
                 "tokens_per_step": 1.0 + sum(self.accepted) / steps if steps else None,
-                "exactness": exactness(self.agreed, self.compared)}
+                "exactness": exactness(self.agreed, self.compared, self.sampled, self.samplings, self.expected)}
 
 
-def exactness(agreed: int, compared: int) -> dict:
-    """A predicted figure's label: ``exact`` where every answer token walked is the target's argmax (a server
-    would write the same tokens, so teacher forcing feeds the drafter what it would), else ``estimate``, with
-    the share that agrees (``agreement``): sampled answers walk text a greedy server would not write."""
-    return {"basis": "exact" if compared and agreed == compared else "estimate",
-            "agreement": round(agreed / compared, 4) if compared else None, "positions": compared}
+def exactness(agreed: int, compared: int, sampled: int = 0, samplings: list[dict] = (), expected: bool = True) -> dict:
+    """A predicted figure's label: ``exact`` where every answer token walked is a greedy answer's and the
+    target's argmax (a server would write the same tokens, so teacher forcing feeds the drafter what it would),
+    else ``estimate``, with the share of greedy answers' tokens that agree (``agreement``: near-ties, another
+    engine's answers) and, where answers were sampled, their tokens walked and how they were sampled
+    (``sampled``: one path of a server sampling alike, counted by expected acceptance where ``expected``)."""
+    label = {"basis": "exact" if compared and agreed == compared and not sampled else "estimate",
+             "agreement": round(agreed / compared, 4) if compared else None, "positions": compared}
+    if sampled:
+        label["sampled"] = {"positions": sampled, "sampling": list(samplings), "expected": expected}
+    return label
 
 
 def agreement(input_ids: list[int], targets: list[int], first: int, last: int) -> tuple[int, int]:
@@ -106,22 +125,29 @@ def agreement(input_ids: list[int], targets: list[int], first: int, last: int) -
     return sum(input_ids[p] == targets[p - 1] for p in compared), len(compared)
 
 
-def walk(drafts: list[list[int]], targets: list[int], first: int, last: int, end: int | None = None) -> Walk:
-    """The greedy draft-and-verify walk over one answer turn generated from position ``first`` to ``last`` of its
+def walk(drafts: list[list[int]], targets: list[int], first: int, last: int, end: int | None = None,
+         chances: list[list[float]] | None = None) -> Walk:
+    """The draft-and-verify walk over one answer turn generated from position ``first`` to ``last`` of its
     row. ``drafts[s][i]``: the drafter's ``s``-th draft from the token at ``i`` (its chain's prediction of the
-    token at ``i + s + 1``); ``targets[j]``: the target's token after position ``j``. The first answer token
-    comes from the prompt's prefill; each step drafts from the last committed token, accepts the leading drafts
-    equal to the target's tokens, and commits those and the target's next token. ``end``: the answer's real
-    last position when ``last`` cuts it (a window of it served): vLLM counts a draft past ``max_tokens`` that
-    the target accepts before it truncates the answer, so a draft is judged up to ``end``."""
+    token at ``i + s + 1``); ``targets[j]``: the token after position ``j`` on the walk's path (the target's
+    argmax for a greedy server; a sampled answer's own token). The first answer token comes from the prompt's
+    prefill; each step drafts from the last committed token, accepts the leading drafts equal to the path's
+    tokens, and commits those and the path's next token. ``chances[s][i]``: the probability a sampling server
+    accepts draft ``s`` from ``i`` once the drafts before it were (sampled answers): counted instead of the
+    match, the step's expected acceptance. ``end``: the answer's real last position when ``last`` cuts it (a
+    window of it served): vLLM counts a draft past ``max_tokens`` that the target accepts before it truncates
+    the answer, so a draft is judged up to ``end``."""
     k, end = len(drafts), last if end is None else end
     out = Walk(k, tokens=last - first + 1)
     at = first  # the last committed token
     while at < last:
         out.steps += 1
         accepted = 0
-        while accepted < k and at + accepted + 1 <= end and drafts[accepted][at] == targets[at + accepted]:
-            out.accepted[accepted] += 1
+        while accepted < k and at + accepted + 1 <= end:
+            matched = drafts[accepted][at] == targets[at + accepted]
+            out.accepted[accepted] += matched if chances is None else chances[accepted][at]
+            if not matched:
+                break
             accepted += 1
         at += accepted + 1
     return out
@@ -160,14 +186,71 @@ class TargetHead:
         self.eps = getattr(getattr(config, "text_config", config), "rms_norm_eps", 1e-6)
         self.device = device
 
-    @torch.no_grad()
-    def tokens(self, final: torch.Tensor) -> list[int]:
-        out = []
+    def logits(self, final: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        """The target's logits after each position, ``HEAD_CHUNK`` positions at a time: ``(first, logits)``."""
         for start in range(0, final.shape[0], HEAD_CHUNK):
             part = final[start:start + HEAD_CHUNK].to(self.device).float()
             normed = part * torch.rsqrt(part.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm.float()
-            out += (normed.to(self.head.dtype) @ self.head.T).argmax(-1).tolist()
-        return out
+            yield start, normed.to(self.head.dtype) @ self.head.T
+
+    @torch.no_grad()
+    def tokens(self, final: torch.Tensor) -> list[int]:
+        return [token for _, logits in self.logits(final) for token in logits.argmax(-1).tolist()]
+
+    @torch.no_grad()
+    def chances(self, final: torch.Tensor, drafts: list[list[int]], sampling: dict) -> list[list[float]]:
+        """``chances[s][p]``: the probability a server sampling at ``sampling`` accepts the draft ``drafts[s][p]``
+        (the token after position ``p + s``) once the drafts before it were: the target's probability of it
+        after temperature, top-k and top-p, as vLLM's rejection sampler computes it (drafts greedy, their
+        probabilities one-hot); 0 where nothing was drafted (-1)."""
+        table = torch.tensor(drafts, dtype=torch.long)
+        k, seq = table.shape
+        out = torch.zeros(k, seq)
+        for start, logits in self.logits(final):
+            probabilities = served_probabilities(logits, sampling)
+            after = torch.arange(start, start + logits.shape[0])  # the positions these distributions follow
+            for s in range(k):
+                at = after[after >= s] - s  # the drafts of slot s whose token follows these positions
+                rows, tokens = (at + s - start).to(self.device), table[s, at].to(self.device)
+                drafted = tokens >= 0
+                values = torch.zeros(len(at), device=self.device)
+                values[drafted] = probabilities[rows[drafted], tokens[drafted]]
+                out[s, at] = values.cpu()
+        return out.tolist()
+
+
+# What vLLM's rejection sampler applies to the target's logits (apply_sampling_constraints): a sampling with
+# anything else (penalties, min-p, which it applies otherwise or not) is walked by its matches alone.
+VERIFIED_SAMPLING = {"temperature", "top_k", "top_p"}
+
+
+def expected_acceptance_computable(sampling: dict | None) -> bool:
+    """Whether the replay computes the server's acceptance probabilities for answers sampled this way."""
+    return bool(sampling) and set(sampling) <= VERIFIED_SAMPLING
+
+
+def served_probabilities(logits: torch.Tensor, sampling: dict) -> torch.Tensor:
+    """The target's distribution a sampling server verifies drafts against: logits over the temperature, then
+    top-k, then top-p (vLLM's order and rule: the smallest tokens whose mass is at most ``1 - top_p`` masked,
+    the most likely kept)."""
+    logits = logits.float() / sampling["temperature"]
+    top_k, top_p = sampling.get("top_k"), sampling.get("top_p")
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        logits = logits.masked_fill(logits < logits.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = logits.sort(dim=-1)
+        cut = ordered.softmax(-1).cumsum(-1) <= 1 - top_p
+        cut[:, -1] = False
+        logits = logits.scatter(-1, order, ordered.masked_fill(cut, float("-inf")))
+    return logits.softmax(-1)
+
+
+GREEDY = {"temperature": 0.0}  # a continuation's sampling where it must be the target's own answer
+
+
+def sampled(sampling: dict | None) -> bool:
+    """Whether answers generated at ``sampling`` were sampled (a temperature above 0), not greedy."""
+    return bool(sampling) and sampling.get("temperature", 0) > 0
 
 
 def load_drafter(checkpoint: Path, target_dir: Path, device: str = "cpu") -> Drafter | BlockDrafter:
@@ -299,15 +382,18 @@ class Row:
     loss_mask: list[int]
     targets: list[int]
     looping: bool = False
+    sampling: dict | None = None  # how its answers were sampled, where they were (:func:`sampled`)
 
 
 def read_rows(merged: Path, stores: dict, head: TargetHead, skip: set[tuple[str, int]] = frozenset(),
-              limit: int = ROWS, tokens: int = TOKENS, minimum: int = MIN_ROWS) -> list[Row]:
+              limit: int = ROWS, tokens: int = TOKENS, minimum: int = MIN_ROWS,
+              samplings: dict[str, dict | None] | None = None) -> list[Row]:
     """The held-out rows of the merged table, in its order, with the target's tokens computed from their stored
     hidden states (``stores``: each dataset's :class:`~draftsmith.hidden_states.store.HiddenStateStore`):
     at most ``limit`` rows and ``tokens`` positions, prompts included, but read on past ``tokens`` until
     ``minimum`` of them do not loop (long rows: the checkpoint is chosen on those); ``skip``: ``(dataset,
-    row)`` whose extraction failed."""
+    row)`` whose extraction failed; ``samplings``: each dataset's answers' sampling
+    (:func:`draftsmith.generation.generate.answer_sampling`)."""
     from draftsmith.data.repetition import is_looping
 
     out, held, plain = [], 0, 0
@@ -316,8 +402,9 @@ def read_rows(merged: Path, stores: dict, head: TargetHead, skip: set[tuple[str,
             break
         stored = read_states(stores, entry)
         loops = is_looping(entry["input_ids"], entry["loss_mask"])
+        sampling = (samplings or {}).get(entry["dataset"])
         out.append(Row((entry["dataset"], entry["source_row"]), torch.tensor(entry["input_ids"], dtype=torch.long),
-                       entry["loss_mask"], head.tokens(stored[:, -1]), loops))
+                       entry["loss_mask"], head.tokens(stored[:, -1]), loops, sampling if sampled(sampling) else None))
         held += len(entry["input_ids"])
         plain += not loops
     return out
@@ -366,13 +453,15 @@ def read_states(stores: dict, entry: dict) -> torch.Tensor:
 
 
 def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: list[int],
-            window: int | None = None, first_turn_only: bool = False) -> dict[int, tuple[Walk, list[Walk]]]:
+            window: int | None = None, first_turn_only: bool = False,
+            head: TargetHead | None = None) -> dict[int, tuple[Walk, list[Walk]]]:
     """The walks over ``rows`` at each draft length of ``ks``, in total and per row (their hidden states read
     again, one row at a time). The drafter drafts once, at the longest; the walk at each ``k`` is its own,
     over the first ``k`` drafts of each step (as a server drafting ``k`` steps from where the last ended: a
     shorter walk's steps start elsewhere, so its figures are not the longer walk's counts cut short).
     ``window``: at most that many tokens of each turn (what the export gate serves of it), and
-    ``first_turn_only``: the first turn of each row (what the gate serves)."""
+    ``first_turn_only``: the first turn of each row (what the gate serves). A sampled answer is walked along its
+    own tokens, each step counted by its expected acceptance where ``head`` (the target's) computes it."""
     out = {k: (Walk(k), []) for k in ks}
     for row in rows:
         stored = read_states(stores, {"dataset": row.key[0], "source_row": row.key[1],
@@ -385,10 +474,17 @@ def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: 
         drafts = drafter.chains(row.input_ids, stored, max(ks), from_here)
         tokens = row.input_ids.tolist()
         agreed = [agreement(tokens, row.targets, first, served) for first, served, _ in spans]
+        path, chances, label = row.targets, None, {"agreed": sum(a for a, _ in agreed),
+                                                   "compared": sum(c for _, c in agreed)}
+        if row.sampling:
+            path = [*tokens[1:], -1]
+            expected = head is not None and expected_acceptance_computable(row.sampling)
+            chances = head.chances(stored[:, -1], drafts, row.sampling) if expected else None
+            label = {"sampled": label["compared"], "samplings": [row.sampling], "expected": expected}
         for k, (total, per_row) in out.items():
-            walked = Walk(k, agreed=sum(a for a, _ in agreed), compared=sum(c for _, c in agreed))
+            walked = Walk(k, **label)
             for first, served, last in spans:
-                walked.add(walk(drafts[:k], row.targets, first, served, last))
+                walked.add(walk(drafts[:k], path, first, served, last, None if chances is None else chances[:k]))
             total.add(walked)
             per_row.append(walked)
     return out
@@ -398,13 +494,14 @@ def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: 
 BY_K = ("acceptance_rate_per_position", "tokens_per_step", "drafts", "without_looping_rows")
 
 
-def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: list[int]) -> dict:
+def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: list[int],
+                  head: TargetHead | None = None) -> dict:
     """One checkpoint's predicted served figures over the validation ``rows``, with and without the rows whose
     answers loop (:func:`~draftsmith.data.repetition.is_looping`: a loop is the easiest thing to predict, and
     traffic does not loop): at the longest of the served draft lengths ``ks`` (what the pick serves before
     the grid has run, and what the checkpoint is chosen by), and each length's own under ``by_k``."""
     by_k = {}
-    for k, (total, per_row) in predict(drafter, rows, stores, ks).items():
+    for k, (total, per_row) in predict(drafter, rows, stores, ks, head=head).items():
         plain = Walk(k)
         for walked, row in zip(per_row, rows, strict=True):
             if not row.looping:
@@ -416,16 +513,16 @@ def epoch_figures(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict
 
 
 def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged: Path, stores: dict,
-                   skip: set[tuple[str, int]], target_dir: Path, ks: list[int], device: str) -> None:
+                   skip: set[tuple[str, int]], target_dir: Path, ks: list[int], device: str,
+                   samplings: dict[str, dict | None] | None = None) -> None:
     """Each validated epoch's predicted served figures (:func:`epoch_figures`), added to its entry as
     ``predicted_served``: what :func:`draftsmith.training.train.choose_checkpoint` chooses by. ``ks``: the draft
-    lengths EAGLE-3 is served at (``evaluation.num_speculative_tokens``; a block family drafts its block). A
+    lengths EAGLE-3 is served at (``evaluation.num_speculative_tokens``; a block family drafts its block);
+    ``samplings``: each dataset's answers' sampling (:func:`read_rows`). A
     replay that fails (memory, an unreadable row) or has no rows leaves the epochs without it, saying why
     (``predicted_served_failed``, ``predicted_served_skipped``): the simulated τ chooses then."""
     try:
-        head = TargetHead(target_dir, device)
-        rows = read_rows(merged, stores, head, skip)
-        del head
+        rows, head = rows_and_head(merged, stores, skip, target_dir, device, samplings)
         if not rows:
             skipped(validation, NO_ROWS)
             return
@@ -433,7 +530,7 @@ def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged:
             if entry.get("epoch") in checkpoints:
                 drafter = load_drafter(checkpoints[entry["epoch"]], target_dir, device)
                 entry["predicted_served"] = epoch_figures(
-                    drafter, rows, stores, [drafter.per_step] if isinstance(drafter, BlockDrafter) else ks)
+                    drafter, rows, stores, [drafter.per_step] if isinstance(drafter, BlockDrafter) else ks, head)
                 del drafter
     except Exception as err:  # memory, a row, another speculators' API: the trained epochs stand
         log.warning("the predicted served acceptance could not be computed (%s: %s); the simulated τ chooses the "
@@ -441,6 +538,15 @@ def predict_epochs(validation: list[dict], checkpoints: dict[int, Path], merged:
         for entry in validation:
             entry.pop("predicted_served", None)
             entry["predicted_served_failed"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+
+
+def rows_and_head(merged: Path, stores: dict, skip: set[tuple[str, int]], target_dir: Path, device: str,
+                  samplings: dict[str, dict | None] | None, **limits) -> tuple[list[Row], TargetHead | None]:
+    """The replay's rows (:func:`read_rows`), and the target's head where a sampled answer needs it to count its
+    expected acceptance (else freed: a 1T target's head is 2.3 GB)."""
+    head = TargetHead(target_dir, device)
+    rows = read_rows(merged, stores, head, skip, samplings=samplings, **limits)
+    return rows, head if any(expected_acceptance_computable(row.sampling) for row in rows) else None
 
 
 ONLINE = "skipped: online hidden states, none stored to replay on"
@@ -454,19 +560,19 @@ def skipped(validation: list[dict], reason: str) -> None:
 
 
 def at_gate(checkpoint: Path, merged: Path, stores: dict, skip: set[tuple[str, int]], target_dir: Path, rows: int,
-            k: int, window: int, device: str) -> tuple[dict | None, str | None]:
+            k: int, window: int, device: str,
+            samplings: dict[str, dict | None] | None = None) -> tuple[dict | None, str | None]:
     """What the export gate's server should accept: the exported checkpoint replayed on the gate's own rows
     (the first ``rows`` validation rows but ``skip``), first turns and ``window``; else None and why (the
-    replay failed, or had no rows). Its ``exactness`` says whether the gate's greedy server continues the
-    stored answers (greedy ones) or other text (sampled ones: an estimate)."""
+    replay failed, or had no rows). The gate serves each row as its answers were generated (``samplings``):
+    greedy ones continued greedily (exact where the stored answers are the target's argmax), sampled ones
+    sampled alike (an estimate: one path each, served and replayed)."""
     try:
-        head = TargetHead(target_dir, device)
-        held = read_rows(merged, stores, head, skip, limit=rows, tokens=2**62)
-        del head
+        held, head = rows_and_head(merged, stores, skip, target_dir, device, samplings, limit=rows, tokens=2**62)
         if not held:
             return None, NO_ROWS
         walked, _ = predict(load_drafter(checkpoint, target_dir, device), held, stores, [k], window=window,
-                            first_turn_only=True)[k]
+                            first_turn_only=True, head=head)[k]
     except Exception as err:  # as in predict_epochs: the gate judges without it
         log.warning("the gate's predicted acceptance could not be computed (%s: %s); the gate judges the first "
                     "position by validation accuracy", type(err).__name__, err, exc_info=True)
