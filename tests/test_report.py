@@ -383,6 +383,10 @@ def test_every_predicted_figure_says_exact_or_estimate_and_a_replay_that_did_not
     label = ("estimate: 900 answer tokens sampled (T=0.6, top_p 0.95), walked as a server sampling alike accepts "
              "them, each step by its expected acceptance: one path each, for serving at that sampling, not greedily")
     assert f"Predicted served τ at k=3: {label}." in text and f"Predicted: {label}." in text
+    near = {**gate, "positions": [{"position": 1, "predicted": 0.2, "served": 0.26, "ratio": 1.3, "spread": 0.03,
+                                   "flag": False, "direction": None}]}
+    assert "| 1 | 0.200 | 0.260 | 1.30 | within the two samples' spread (±0.090) |" in card(card_inputs(RESULTS,
+                                                                                                    gate=near))
     assert f"Predicted: {label}." in card(card_inputs(RESULTS, gate=gate))
 
     online = {**TRAINING, "validation": [{**e, "predicted_served_skipped": "skipped: online hidden states, none "

@@ -19,7 +19,7 @@ from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
 from draftsmith.evaluation.schedule import best_single, describe
-from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, basis_text
+from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, SAMPLED_Z, basis_text
 
 
 @dataclass
@@ -307,7 +307,9 @@ def _flag(position: dict) -> str:
     if position["flag"] is None:
         return f"too few to judge ({position.get('predicted_accepted', 0):.3g} predicted accepted)"
     if not position["flag"]:
-        return ""
+        ratio, spread = position.get("ratio"), position.get("spread")
+        outside = ratio is not None and not PREDICTED_SHARE <= ratio <= ABOVE_SHARE
+        return f"within the two samples' spread (±{SAMPLED_Z * spread:.3f})" if outside and spread else ""
     if position.get("direction") == "above":
         return f"**above {ABOVE_SHARE:g}**"
     return f"**below {PREDICTED_SHARE:g}**"  # gates from before the flag looked both ways: below
