@@ -35,7 +35,7 @@ def main() -> None:
     (target,) = [p for p in (results / "models").iterdir() if p.is_dir()]
     stores, failed = replay.open_stores(sorted((results / "hidden_states").glob("*/manifest.json")))
     validation = [{"epoch": e["epoch"]} for e in summary["validation"]]
-    replay.predict_epochs(validation, epoch_checkpoints(Path(summary["checkpoint"]).parent),
+    replay.predict_epochs(validation, epoch_checkpoints(args.workdir / Path(summary["checkpoint"]).parent),
                           results / "merged" / "train.parquet", stores, failed, target, sorted(args.ks),
                           compute.device(), answer_sampling(config["datasets"]))
     print("| epoch | " + " | ".join(f"k={k}" for k in args.ks) + " |")
