@@ -463,10 +463,11 @@ def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypat
     with caplog.at_level(logging.INFO, logger=tr.log.name), \
             tr.Phases(tmp_path / "phases.json", launched_at=tr.time.time() - 12, clock=lambda: now[0]) as phases:
         at(101), phases.mark("build")
-        at(103), phases.enter("training")
+        at(103), phases.plan(400, 1, 200), phases.enter("training")  # resumed at the second of two epochs
         at(110), phases.step()  # the first step, compilation in it
         for second in (110.5, 111, 111.5):
             at(second), phases.step()
+        assert phases.progress() == "step 204 of 400, ~98 s of steps left"  # 196 at the steady 2 steps/s
         at(115), phases.enter("validation")
         at(121), phases.validated()
         tr.time.sleep(0.2)  # the heartbeat's turn
@@ -475,6 +476,35 @@ def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypat
     assert 11 <= recorded["launch_s"] <= 14 and recorded["build_s"] == 1.0 and recorded["first_step_s"] == 10.0
     assert recorded["first_validation_s"] == 6.0 and recorded["steps_per_s"] == 2.0 and recorded["done_s"] == 22.0
     assert recorded["steps"] == 4 and "trainer: between epochs for" in caplog.text  # the heartbeat
+
+
+def test_the_heartbeat_counts_the_runs_steps_as_speculators_does(tmp_path):
+    """The run's steps are speculators' own count (max_steps, else epochs x its loader's batches), and a resumed
+    run's heartbeat counts from its epoch, not from 0."""
+    from types import SimpleNamespace
+
+    from speculators.train.trainer import Trainer, TrainerConfig
+
+    assert {"max_steps", "num_epochs"} <= set(TrainerConfig._fields)
+    assert "train_loader" in Trainer.__init__.__code__.co_varnames
+
+    class Stub:
+        def __init__(self, max_steps=None):
+            self.config, self.train_loader = SimpleNamespace(max_steps=max_steps, num_epochs=3), [None] * 50
+
+        def train_epoch(self, epoch, step_callback=None):
+            for _ in range(2):
+                step_callback()
+
+        def val_epoch(self, epoch):
+            return {}
+
+    phases = tr.Phases(tmp_path / "phases.json", clock=lambda: 100.0)  # no steady pace read: no time left said
+    patches.time_phases(Stub, phases)
+    Stub().train_epoch(2)
+    assert phases.progress() == "step 102 of 150"
+    Stub(max_steps=120).train_epoch(0)
+    assert phases.progress() == "step 2 of 120"
 
 
 def test_an_eagle3_run_made_before_families_resumes_from_where_it_was(tmp_path):

@@ -262,9 +262,10 @@ def metrics_to(handler: logging.Handler) -> Iterator[None]:
 
 
 def time_phases(trainer_cls, phases) -> None:
-    """Tell ``phases`` (:class:`draftsmith.training.train.Phases`) when the trainer is built, when each
-    step and each validation ends: the one-time costs (compilation in the first step and the first
-    validation) show apart from the steady pace."""
+    """Tell ``phases`` (:class:`draftsmith.training.train.Phases`) when the trainer is built, how many steps
+    the run takes (speculators' own count: ``max_steps``, else epochs x its loader's batches) and where each
+    epoch starts among them, when each step and each validation ends: the one-time costs (compilation in the
+    first step and the first validation) show apart from the steady pace."""
     original_init, original_epoch, original_val = trainer_cls.__init__, trainer_cls.train_epoch, \
         trainer_cls.val_epoch
 
@@ -278,6 +279,8 @@ def time_phases(trainer_cls, phases) -> None:
             if step_callback is not None:
                 step_callback()
 
+        per_epoch = len(self.train_loader)
+        phases.plan(self.config.max_steps or self.config.num_epochs * per_epoch, epoch, per_epoch)
         phases.enter("training")
         return original_epoch(self, epoch, *args, step_callback=count_then_call, **kwargs)
 

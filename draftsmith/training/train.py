@@ -289,7 +289,8 @@ class Phases:
     metrics (rank 0): launch (process start and imports), build (model, optimizer, data), the first
     step (compilation included; ``compile_s`` is dynamo's own count), the first validation, the
     steady steps per second, and the work's end. A heartbeat line every :data:`HEARTBEAT_S` names the
-    phase and the steps done, so a stall shows as a stall, never as silence."""
+    phase and the steps done, of how many, and the time the rest take at the steady pace (validations not
+    counted), so a stall shows as a stall, never as silence."""
 
     def __init__(self, path: Path, launched_at: float | None = None, clock=time.monotonic):
         self.path = path
@@ -300,6 +301,9 @@ class Phases:
             else {}
         self.phase, self.phase_since = "build", self.started
         self.steps, self.steady_steps, self.steady_s = 0, 0, 0.0
+        self.total: int | None = None  # the run's steps, every epoch (:meth:`plan`)
+        self.before = 0  # the run's steps before this epoch's (a resumed run's earlier epochs included)
+        self.in_epoch = 0
         self.last_step: float | None = None
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -318,8 +322,23 @@ class Phases:
     def _beat(self) -> None:
         while not self.stop.wait(HEARTBEAT_S):
             with self.lock:
-                log.info("trainer: %s for %.0f s, %d steps done", self.phase, self.clock() - self.phase_since,
-                         self.steps)
+                log.info("trainer: %s for %.0f s, %s", self.phase, self.clock() - self.phase_since, self.progress())
+
+    def progress(self) -> str:
+        """The steps done, of the run's, and the time the rest take at the steady pace."""
+        if not self.total:
+            return f"{self.steps} steps done"
+        done = self.before + self.in_epoch
+        text = f"step {done} of {self.total}"
+        if self.steady_steps and self.steady_s:
+            left = (self.total - done) * self.steady_s / self.steady_steps
+            text += f", ~{left / 60:.0f} min of steps left" if left >= 600 else f", ~{left:.0f} s of steps left"
+        return text
+
+    def plan(self, total: int, epoch: int, per_epoch: int) -> None:
+        """The run's ``total`` steps, and where ``epoch`` (0-based, of ``per_epoch`` steps) starts among them."""
+        with self.lock:
+            self.total, self.before, self.in_epoch = total, epoch * per_epoch, 0
 
     def _record(self, name: str, now: float) -> None:
         self.seconds[name] = round(now - self.started, 1)
@@ -340,6 +359,7 @@ class Phases:
         now = self.clock()
         with self.lock:
             self.steps += 1
+            self.in_epoch += 1
             if self.steps == 1:
                 self._record("first_step_s", now)
             elif self.last_step is not None:
