@@ -17,7 +17,7 @@ from pathlib import Path
 
 from draftsmith.config.load import load_layers, validate_config
 from draftsmith.core import compute
-from draftsmith.generation.generate import answer_sampling
+from draftsmith.generation.generate import answer_sampling, model_sampling
 from draftsmith.training import replay
 from draftsmith.training.train import epoch_checkpoints, served_figure
 
@@ -37,7 +37,7 @@ def main() -> None:
     validation = [{"epoch": e["epoch"]} for e in summary["validation"]]
     replay.predict_epochs(validation, epoch_checkpoints(args.workdir / Path(summary["checkpoint"]).parent),
                           results / "merged" / "train.parquet", stores, failed, target, sorted(args.ks),
-                          compute.device(), answer_sampling(config["datasets"]))
+                          compute.device(), answer_sampling(config["datasets"], model_sampling(target)))
     print("| epoch | " + " | ".join(f"k={k}" for k in args.ks) + " |")
     print("|---:|" + "---:|" * len(args.ks))
     best = {}

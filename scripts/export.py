@@ -9,7 +9,7 @@ from draftsmith.core import compute
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation import evaluate as ev
 from draftsmith.generation import vllm_fixes
-from draftsmith.generation.generate import answer_sampling
+from draftsmith.generation.generate import answer_sampling, model_sampling
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 from draftsmith.training import export as ex
@@ -72,7 +72,8 @@ def main() -> None:
     chosen = next((v for v in summary["validation"] if v["epoch"] == epoch), {})
     expected = families.first_position_accuracy(chosen)
     stores, left_out = replay.open_stores(sm.input.manifests)  # rows whose extraction failed: not gated either
-    samplings = answer_sampling(sm.config["datasets"])  # served as generated (read here: no param, nothing retrained)
+    # served as generated (read here: no param, nothing retrained)
+    samplings = answer_sampling(sm.config["datasets"], model_sampling(Path(model)))
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], samplings, skip=left_out)
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started, served = {}, {}

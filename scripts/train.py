@@ -13,7 +13,7 @@ from draftsmith.core import compute
 from draftsmith.core.atomic import write_json
 from draftsmith.core.digest import file_sha256, json_digest
 from draftsmith.data.merge import TRAIN, train_ratio
-from draftsmith.generation.generate import answer_sampling
+from draftsmith.generation.generate import answer_sampling, model_sampling
 from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.hidden_states import extract as hs
 from draftsmith.hidden_states.store import BACKEND, fingerprint, write_locations
@@ -108,7 +108,7 @@ def main() -> None:
         # not a param: the trained checkpoints do not depend on them; a block family drafts its block)
         replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), merged, by_dataset, failed,
                               Path(tgt.model), sorted(sm.config["evaluation"]["num_speculative_tokens"]), device,
-                              answer_sampling(sm.config["datasets"]))
+                              answer_sampling(sm.config["datasets"], model_sampling(Path(tgt.model))))
     else:
         replay.skipped(validation, replay.ONLINE)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \

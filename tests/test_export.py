@@ -410,7 +410,7 @@ def test_the_gate_serves_each_row_as_its_answers_were_generated(tmp_path):
     samplings = answer_sampling({
         "chat": {"generation": {"temperature": 0.6, "top_p": 0.95,
                                 "extra_body": {"top_k": 20, "chat_template_kwargs": {}}}},
-        "code": {"generation": {"temperature": 0.0}}, "imported": {"kind": "tokenized"}})
+        "code": {"generation": {"temperature": 0.0}}, "imported": {"kind": "tokenized"}}, {})
     assert samplings == {"chat": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}, "code": {"temperature": 0.0},
                          "imported": None}
     rows = ex.gate_rows(table, 3, samplings)
@@ -431,3 +431,21 @@ def test_the_export_job_gates_at_the_datasets_answers_sampling(drafter, target_d
         run_export_job(tmp_path, target_dir, "eagle3", drafter,
                        datasets={"a": {"source": "a.jsonl", "generation": {"temperature": 0.6}}})
     assert seen == [{"a": {"temperature": 0.6}}]
+
+
+def test_the_targets_own_sampling_defaults_are_part_of_how_its_answers_were_sampled(tmp_path):
+    """vLLM applies the target's generation_config.json to what a request leaves out: Qwen3 asked for T=0.6 alone
+    answers with top_k 20 and top_p 0.95, and its replay and gate must use them too; what the config sets wins,
+    and neutral defaults are no sampling."""
+    from draftsmith.generation.generate import answer_sampling, model_sampling
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.0, "min_p": 0.0,
+         "bos_token_id": 1}))
+    defaults = model_sampling(tmp_path)
+    assert defaults == {"top_k": 20, "top_p": 0.95}
+    samplings = answer_sampling({"a": {"generation": {"temperature": 0.6}},
+                                 "b": {"generation": {"temperature": 0.7, "top_p": 0.8}}}, defaults)
+    assert samplings == {"a": {"temperature": 0.6, "top_k": 20, "top_p": 0.95},
+                         "b": {"temperature": 0.7, "top_k": 20, "top_p": 0.8}}
+    assert model_sampling(tmp_path / "none") == {}

@@ -435,17 +435,21 @@ def test_a_sampling_the_replay_cannot_compute_is_walked_by_its_matches_and_says_
     """Penalties or min-p: vLLM's rejection sampler applies them otherwise than the replay's head could; the walk
     counts the drafts the sampled answer matches (still one path of that server) and the label says so."""
     rows, stores = fake_rows([greedy_row(0)])
-    rows[0].sampling = {"temperature": 0.6, "repetition_penalty": 1.1}
+    rows[0].sampling = {"temperature": 0.6, "repetition_penalty": 1.1, "min_p": 0.05}
     total, _ = replay.predict(FakeDrafter(), rows, stores, [3], head=ChancesHead([]))[3]
     label = total.as_dict()["exactness"]
     assert label["sampled"]["expected"] is False and label["basis"] == "estimate"
     assert total.accepted[0] == total.steps  # every first draft is the stored token after it: matched, counted whole
     from draftsmith.training.export import basis_text
 
-    assert "T=0.6, repetition_penalty 1.1" in basis_text(label) and "by the drafts they match" in basis_text(label)
+    assert "T=0.6, min_p 0.05, repetition_penalty 1.1" in basis_text(label)
+    assert "by the drafts they match" in basis_text(label)
+    # min-p alone: vLLM verifies without it, so the chances are computed without it, and the label says so
+    assert replay.expected_acceptance_computable({"temperature": 0.6, "top_k": 20, "min_p": 0.05})
+    assert "min_p left out" in basis_text(replay.exactness(0, 0, 40, [{"temperature": 0.6, "min_p": 0.05}]))
 
 
-def test_the_heads_acceptance_chances_are_vllms_sampling_of_the_targets_logits():
+def test_the_heads_acceptance_chances_are_vllms_sampling_of_the_targets_logits(monkeypatch):
     """The chance a sampling server accepts a draft: the target's probability of it after temperature, top-k and
     top-p, computed as vLLM's own sampler does (its apply_top_k_top_p, the reference here)."""
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
@@ -463,9 +467,35 @@ def test_the_heads_acceptance_chances_are_vllms_sampling_of_the_targets_logits()
     reference = apply_top_k_top_p_pytorch(logits, torch.full((20,), 8), torch.full((20,), 0.8)).softmax(-1)
     for p in range(0, 20, 2):  # the target's likeliest token drafted first from every other position
         drafts[0][p] = int(reference[p].argmax())
+    monkeypatch.setattr(replay, "HEAD_CHUNK", 7)  # chunk edges inside the row: a row of 8K tokens has 16
     chances = head.chances(final, drafts, sampling)
     for s in range(3):
         for p in range(20):
             want = reference[p + s, drafts[s][p]].item() if p + s < 20 and drafts[s][p] >= 0 else 0.0
             assert chances[s][p] == pytest.approx(want, abs=1e-6)
     assert sum(c > 0 for row in chances for c in row) > 10 and sum(c == 0 for c in chances[2]) > 10  # both
+
+
+def test_the_training_job_and_the_gate_walk_a_sampled_datasets_answers_as_sampled(tmp_path, monkeypatch):
+    """The answers' sampling reaches the replay through predict_epochs and at_gate: a dataset generated at T=0.6
+    is walked by expected acceptance (the head kept for it) and labelled sampled, a greedy one by the argmax."""
+    class Head(FakeHead):
+        def chances(self, final, drafts, sampling):
+            return [[0.5] * len(row) for row in drafts]
+
+    ids, mask, targets = greedy_row(0)
+    merged = merged_table(tmp_path / "merged.parquet", [(ids, mask)])
+    stores = {"d": FakeStore({0: (ids, targets)})}
+    monkeypatch.setattr(replay, "TargetHead", lambda *args: Head())
+    monkeypatch.setattr(replay, "load_drafter", lambda *args: FakeDrafter())
+    for sampling, sampled in (({"temperature": 0.6}, True), ({"temperature": 0.0}, False)):
+        validation = [{"epoch": 0}]
+        replay.predict_epochs(validation, {0: tmp_path}, merged, stores, set(), tmp_path, [3], "cpu", {"d": sampling})
+        label = validation[0]["predicted_served"]["exactness"]
+        gate, _ = replay.at_gate(tmp_path, merged, stores, set(), tmp_path, 8, 3, 64, "cpu", {"d": sampling})
+        assert ("sampled" in label, "sampled" in gate["exactness"]) == (sampled, sampled)
+        if sampled:
+            assert label["sampled"]["expected"] and gate["exactness"]["sampled"]["expected"]
+            assert validation[0]["predicted_served"]["acceptance_rate_per_position"][0] == 0.5
+        else:
+            assert label["basis"] == "exact"

@@ -463,7 +463,7 @@ def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypat
     with caplog.at_level(logging.INFO, logger=tr.log.name), \
             tr.Phases(tmp_path / "phases.json", launched_at=tr.time.time() - 12, clock=lambda: now[0]) as phases:
         at(101), phases.mark("build")
-        at(103), phases.plan(400, 1, 200), phases.enter("training")  # resumed at the second of two epochs
+        at(103), phases.plan(400, 200), phases.enter("training")  # resumed at the second of two epochs
         at(110), phases.step()  # the first step, compilation in it
         for second in (110.5, 111, 111.5):
             at(second), phases.step()
@@ -480,17 +480,20 @@ def test_phases_time_the_one_time_costs_apart_from_the_steps(tmp_path, monkeypat
 
 def test_the_heartbeat_counts_the_runs_steps_as_speculators_does(tmp_path):
     """The run's steps are speculators' own count (max_steps, else epochs x its loader's batches), and a resumed
-    run's heartbeat counts from its epoch, not from 0."""
+    run's heartbeat counts from the step it resumed at (speculators' global_step, mid-epoch too), not from 0."""
+    import inspect
     from types import SimpleNamespace
 
     from speculators.train.trainer import Trainer, TrainerConfig
 
     assert {"max_steps", "num_epochs"} <= set(TrainerConfig._fields)
     assert "train_loader" in Trainer.__init__.__code__.co_varnames
+    assert "self.global_step" in inspect.getsource(Trainer.train_epoch)
 
     class Stub:
-        def __init__(self, max_steps=None):
+        def __init__(self, max_steps=None, global_step=0):
             self.config, self.train_loader = SimpleNamespace(max_steps=max_steps, num_epochs=3), [None] * 50
+            self.global_step = global_step
 
         def train_epoch(self, epoch, step_callback=None):
             for _ in range(2):
@@ -501,8 +504,8 @@ def test_the_heartbeat_counts_the_runs_steps_as_speculators_does(tmp_path):
 
     phases = tr.Phases(tmp_path / "phases.json", clock=lambda: 100.0)  # no steady pace read: no time left said
     patches.time_phases(Stub, phases)
-    Stub().train_epoch(2)
-    assert phases.progress() == "step 102 of 150"
+    Stub(global_step=117).train_epoch(2)  # resumed 17 batches into the third epoch
+    assert phases.progress() == "step 119 of 150"
     Stub(max_steps=120).train_epoch(0)
     assert phases.progress() == "step 2 of 120"
 

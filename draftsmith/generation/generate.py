@@ -137,11 +137,28 @@ TOOL_RENDERINGS = ("template", "text")
 SAMPLING_FIELDS = ("top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
-def answer_sampling(datasets: dict[str, dict]) -> dict[str, dict[str, Any] | None]:
-    """Each dataset's answers' sampling (:meth:`GenerationSettings.sampling`) from the ``datasets`` config; None
-    for a pre-tokenized one, whose answers the workflow did not generate."""
+# A model default of these values changes nothing (vLLM's neutral ones).
+NEUTRAL_SAMPLING = {"top_k": (0, -1), "top_p": (1.0,), "min_p": (0.0,), "repetition_penalty": (1.0,),
+                    "presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
+
+
+def model_sampling(model_dir: Path) -> dict[str, Any]:
+    """The sampling the target ships in its ``generation_config.json``, which vLLM (``--generation-config auto``,
+    its default) and SGLang apply to a request that leaves it out: Qwen3's top_k 20 and top_p 0.95 reach every
+    answer generated at ``temperature: 0.6`` alone, Qwen2.5's repetition_penalty 1.05 every answer."""
+    path = model_dir / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return {key: config[key] for key in SAMPLING_FIELDS
+            if config.get(key) is not None and config[key] not in NEUTRAL_SAMPLING[key]}
+
+
+def answer_sampling(datasets: dict[str, dict], model_defaults: dict[str, Any]) -> dict[str, dict[str, Any] | None]:
+    """Each dataset's answers' sampling from the ``datasets`` config: what its requests sent
+    (:meth:`GenerationSettings.sampling`) over the target's own defaults (:func:`model_sampling`), as the
+    server applied them; None for a pre-tokenized one, whose answers the workflow did not generate."""
     return {name: None if cfg.get("kind") == "tokenized" else
-            GenerationSettings.from_config(cfg.get("generation") or {}).sampling() for name, cfg in datasets.items()}
+            {**model_defaults, **GenerationSettings.from_config(cfg.get("generation") or {}).sampling()}
+            for name, cfg in datasets.items()}
 
 
 def tool_options(prompts: list[Prompt], parser: str | None, rendering: str, managed_engine: str | None,

@@ -168,7 +168,7 @@ def gate_rows(merged: Path, count: int, samplings: dict[str, dict | None], max_t
 
 # A position whose served acceptance is below this share of the predicted one, or above ABOVE_SHARE of it, is
 # flagged (not failed: the drafter is served, but the engine accepts otherwise than the same drafter, replayed,
-# says it should; above it: the served text is not the replayed one, e.g. sampled answers continued greedily),
+# says it should; above it: the served text is not the replayed one, e.g. near-ties, another engine's answers),
 # where the prediction accepts enough drafts there for a share to mean anything.
 PREDICTED_SHARE = 0.8
 ABOVE_SHARE = 1.25
@@ -253,9 +253,11 @@ def basis_text(exactness: dict | None) -> str:
         if share is not None else []
     if sampled:
         how = "; ".join(sampling_text(s) for s in sampled["sampling"])
+        min_p = any("min_p" in s for s in sampled["sampling"])
         parts.append(f"{sampled['positions']:,} answer tokens sampled ({how}), walked as a server sampling alike "
                      + ("accepts them, each step by its expected acceptance" if sampled["expected"] else
-                        "accepts them, by the drafts they match (the sampling's penalties or min-p are not computed)")
+                        "accepts them, by the drafts they match (the sampling's penalties are not computed)")
+                     + (" (min_p left out: vLLM verifies drafts without it)" if min_p and sampled["expected"] else "")
                      + ": one path each, for serving at that sampling, not greedily")
     return "estimate: " + "; ".join(parts) if parts else "estimate"
 

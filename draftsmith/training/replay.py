@@ -219,14 +219,16 @@ class TargetHead:
         return out.tolist()
 
 
-# What vLLM's rejection sampler applies to the target's logits (apply_sampling_constraints): a sampling with
-# anything else (penalties, min-p, which it applies otherwise or not) is walked by its matches alone.
+# What vLLM's rejection sampler applies to the target's logits (apply_sampling_constraints). min-p it does not
+# apply at all (a server verifies without it): left out of the probabilities, and said. Penalties it applies
+# from each request's history: a sampling with them is walked by its matches alone.
 VERIFIED_SAMPLING = {"temperature", "top_k", "top_p"}
+UNVERIFIED_SAMPLING = {"min_p"}
 
 
 def expected_acceptance_computable(sampling: dict | None) -> bool:
     """Whether the replay computes the server's acceptance probabilities for answers sampled this way."""
-    return bool(sampling) and set(sampling) <= VERIFIED_SAMPLING
+    return bool(sampling) and set(sampling) - UNVERIFIED_SAMPLING <= VERIFIED_SAMPLING
 
 
 def served_probabilities(logits: torch.Tensor, sampling: dict) -> torch.Tensor:

@@ -263,8 +263,8 @@ def metrics_to(handler: logging.Handler) -> Iterator[None]:
 
 def time_phases(trainer_cls, phases) -> None:
     """Tell ``phases`` (:class:`draftsmith.training.train.Phases`) when the trainer is built, how many steps
-    the run takes (speculators' own count: ``max_steps``, else epochs x its loader's batches) and where each
-    epoch starts among them, when each step and each validation ends: the one-time costs (compilation in the
+    the run takes (speculators' own count: ``max_steps``, else epochs x its loader's batches) and how many
+    came before each epoch's, when each step and each validation ends: the one-time costs (compilation in the
     first step and the first validation) show apart from the steady pace."""
     original_init, original_epoch, original_val = trainer_cls.__init__, trainer_cls.train_epoch, \
         trainer_cls.val_epoch
@@ -279,8 +279,8 @@ def time_phases(trainer_cls, phases) -> None:
             if step_callback is not None:
                 step_callback()
 
-        per_epoch = len(self.train_loader)
-        phases.plan(self.config.max_steps or self.config.num_epochs * per_epoch, epoch, per_epoch)
+        # speculators' own count of the steps before this epoch's (restored on a resume, mid-epoch too)
+        phases.plan(self.config.max_steps or self.config.num_epochs * len(self.train_loader), self.global_step)
         phases.enter("training")
         return original_epoch(self, epoch, *args, step_callback=count_then_call, **kwargs)
 

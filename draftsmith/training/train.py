@@ -335,10 +335,10 @@ class Phases:
             text += f", ~{left / 60:.0f} min of steps left" if left >= 600 else f", ~{left:.0f} s of steps left"
         return text
 
-    def plan(self, total: int, epoch: int, per_epoch: int) -> None:
-        """The run's ``total`` steps, and where ``epoch`` (0-based, of ``per_epoch`` steps) starts among them."""
+    def plan(self, total: int, before: int) -> None:
+        """The run's ``total`` steps, and how many of them came before the epoch starting (a resumed run's)."""
         with self.lock:
-            self.total, self.before, self.in_epoch = total, epoch * per_epoch, 0
+            self.total, self.before, self.in_epoch = total, before, 0
 
     def _record(self, name: str, now: float) -> None:
         self.seconds[name] = round(now - self.started, 1)
