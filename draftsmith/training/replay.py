@@ -481,7 +481,8 @@ def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: 
         if row.sampling:
             path = [*tokens[1:], -1]
             expected = head is not None and expected_acceptance_computable(row.sampling)
-            chances = head.chances(stored[:, -1], drafts, row.sampling) if expected else None
+            upto = max((served for _, served, _ in spans), default=0)  # nothing after the last served token is walked
+            chances = head.chances(stored[:upto, -1], [d[:upto] for d in drafts], row.sampling) if expected else None
             label = {"sampled": label["compared"], "samplings": [row.sampling], "expected": expected}
         for k, (total, per_row) in out.items():
             walked = Walk(k, **label)
