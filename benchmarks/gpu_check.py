@@ -331,9 +331,15 @@ def train(out: Path, step: str, device: str, processes: int) -> dict:
     return result
 
 
+# Answers as users sample them (Qwen3's own settings): the replay computes each step's expected acceptance on
+# the device, through the target's whole-vocabulary head, top-k and top-p.
+USERS_SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+
+
 def replayed(out: Path, size_name: str, validation: list[dict], run_dir: Path, cfg: dict, device: str) -> dict:
     """Each epoch's predicted served τ (draftsmith.training.replay, as scripts/train.py runs it) on the check's
-    validation rows and stored states, on ``device``, and its time. A replay that failed is the step's
+    validation rows and stored states, their answers taken as sampled (:data:`USERS_SAMPLING`), on ``device``,
+    and its time. A replay that failed is the step's
     ``failed`` (the workflow falls back to the simulated τ, which would hide it here); the checkpoint stays
     for the export step."""
     from draftsmith.hidden_states.store import ShardStore, fingerprint
@@ -346,11 +352,13 @@ def replayed(out: Path, size_name: str, validation: list[dict], run_dir: Path, c
                        fingerprint({"target": size_name}, AUX_LAYERS, size["layers"], "transformers"))
     replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"),
                           out / f"data_{size_name}" / "merged.parquet", {"check": store}, set(),
-                          out / f"target_{size_name}", [cfg.get("ttt_steps")], device)
+                          out / f"target_{size_name}", [cfg.get("ttt_steps")], device, {"check": USERS_SAMPLING})
     failed = [e["predicted_served_failed"] for e in validation if "predicted_served_failed" in e]
-    return {"replay_s": round(time.perf_counter() - started, 1),
+    return {"replay_s": round(time.perf_counter() - started, 1), "replay_sampling": USERS_SAMPLING,
             **({"failed": f"the replay failed: {failed[0]}"} if failed else
-               {"predicted_served_tau": [round(e["predicted_served"]["tokens_per_step"], 4) for e in validation]})}
+               {"predicted_served_tau": [round(e["predicted_served"]["tokens_per_step"], 4) for e in validation],
+                "replay_expected": all(e["predicted_served"]["exactness"].get("sampled", {}).get("expected")
+                                       for e in validation)})}
 
 
 def export(out: Path) -> dict:

@@ -57,6 +57,7 @@ def test_the_gpu_check_runs_its_steps_on_a_cpu_without_vllm(tmp_path):
     for step in ("train_eagle3", "train_dflash", "train_dspark"):  # each epoch replayed as a server drafts
         trained = steps[step]["result"]
         assert len(trained["predicted_served_tau"]) == len(trained["simulated_tau"]) > 0 and trained["replay_s"], step
+        assert trained["replay_expected"] is True, step  # sampled answers: expected acceptance through the head
     assert "predicted_served_tau" not in steps["train_long_uncompiled"]["result"]  # a throughput step only
     assert steps["train_long_uncompiled"]["result"]["draft_attention"] == "sdpa"
     assert "speculators compiles only on CUDA" in steps["train_long_compiled"]["not_run"]
