@@ -125,7 +125,7 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
                     "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024,
                     "loss_fn": "lk_hybrid", "train_lm_head": True}
     datasets = {"everyday": {"source": "config/prompts/everyday.jsonl", "weight": 1.0,
-                             "generation": {"temperature": 0.6, "max_tokens": 8192}},
+                             "generation": {"temperature": 0.6, "top_p": 0.95, "max_tokens": 8192}},
                 "ultrachat": {"source": "hf:HuggingFaceH4/ultrachat_200k@train_sft", "weight": 0.5,
                               "generation": {"temperature": 0.0, "max_tokens": 512}},
                 "mine": {"source": "hf:data/mine", "weight": 1.0, "generation": {"temperature": 0.0, "max_tokens": 64}}}
@@ -141,9 +141,9 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
     # The hub links datasets by their hub ids: a local file's name ("everyday") or folder ("data/mine") is none.
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert meta["datasets"] == ["HuggingFaceH4/ultrachat_200k"]
-    assert "| everyday | `config/prompts/everyday.jsonl` | T 0.6, max 8192 tokens | 6 | 1 / 1 | 1 | 5 | 1 | 150 |" \
-        in text
-    assert "| ultrachat | `HuggingFaceH4/ultrachat_200k` | T 0, max 512 tokens |" in text and "| 0.5 |" in text
+    assert "| everyday | `config/prompts/everyday.jsonl` | T=0.6, top_p 0.95, max 8192 tokens | 6 | 1 / 1 | 1 | 5 " \
+        "| 1 | 150 |" in text
+    assert "| ultrachat | `HuggingFaceH4/ultrachat_200k` | T=0, max 512 tokens |" in text and "| 0.5 |" in text
     assert "loss `lk_hybrid`" in text and "draft LM head trained" in text
     assert "hidden states online (never stored)" in text
     offline = {**TRAINING, "hidden_states": {"mode": "offline", "layout": "shards", "storage": "fp8",

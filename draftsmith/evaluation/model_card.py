@@ -19,7 +19,8 @@ from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
 from draftsmith.evaluation.schedule import best_single, describe
-from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, SAMPLED_Z, basis_text
+from draftsmith.generation.generate import GenerationSettings
+from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, SAMPLED_Z, basis_text, sampling_text
 
 
 @dataclass
@@ -451,7 +452,7 @@ def training_data(inputs: CardInputs) -> list[str]:
         entry = inputs.datasets.get(name, {})
         gen = entry.get("generation") or {}
         sampled = "– (pre-tokenized)" if entry.get("kind") == "tokenized" or not gen else \
-            f"T {gen['temperature']:g}, max {gen['max_tokens']} tokens"
+            f"{sampling_text(GenerationSettings.from_config(gen).sampling())}, max {gen['max_tokens']} tokens"
         source = hub_id(entry.get("source", "")) or entry.get("source", "–")
         lines.append(f"| {name} | `{source}` | {sampled} | {st.get('kept', '–')} | "
                      f"{dropped.get('exact', 0) + dropped.get('ngram', 0)} / {dropped.get('duplicate', 0)} | "

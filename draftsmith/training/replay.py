@@ -549,6 +549,10 @@ def rows_and_head(merged: Path, stores: dict, skip: set[tuple[str, int]], target
     expected acceptance (else freed: a 1T target's head is 2.3 GB)."""
     head = TargetHead(target_dir, device)
     rows = read_rows(merged, stores, head, skip, samplings=samplings, **limits)
+    unknown = sorted({row.key[0] for row in rows} - set(samplings or {}))
+    if samplings is not None and unknown:  # a dataset renamed since its rows were merged
+        log.warning("the validation rows of %s name no dataset of the config: their answers' sampling is unknown, "
+                    "and they are walked as greedy ones", ", ".join(unknown))
     return rows, head if any(expected_acceptance_computable(row.sampling) for row in rows) else None
 
 
