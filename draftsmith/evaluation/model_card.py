@@ -119,8 +119,9 @@ def serving(inputs: CardInputs) -> list[str]:
     where = (f"a GPU, ranked by {figure}" if accelerator else
              f"a CPU (vLLM's CPU build), ranked by {figure}: there drafting costs about as much as a target step, "
              "so the target alone is faster at almost every setting and the speed-ups say nothing of a GPU's. "
-             "Ranked by tokens per target step, a CPU always prefers the largest draft length measured (each more "
-             "draft token adds accepted tokens at no cost that it can see), so the draft lengths below say nothing "
+             "Ranked by tokens per target step, a CPU prefers the largest draft length measured but for the runs' "
+             "noise (each more draft token adds accepted tokens at no cost that it can see; a shorter length ahead "
+             "is ahead by sampling, not by its cost), so the draft lengths below say nothing "
              "of a GPU's best: the speed-ups that matter come from your GPUs, and with them the draft length that "
              "earns the most: measure them with `./run.sh` and `server.gpus` set")
     lines = ["## Serving recipe", "",
