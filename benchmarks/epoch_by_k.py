@@ -37,7 +37,7 @@ def main() -> None:
     validation = [{"epoch": e["epoch"]} for e in summary["validation"]]
     replay.predict_epochs(validation, epoch_checkpoints(args.workdir / Path(summary["checkpoint"]).parent),
                           results / "merged" / "train.parquet", stores, failed, target, sorted(args.ks),
-                          compute.device(), answer_sampling(config["datasets"], model_sampling(target)))
+                          compute.device(), answer_sampling(config["datasets"], model_sampling(str(target))))
     print("| epoch | " + " | ".join(f"k={k}" for k in args.ks) + " |")
     print("|---:|" + "---:|" * len(args.ks))
     best = {}

@@ -73,7 +73,7 @@ def main() -> None:
     expected = families.first_position_accuracy(chosen)
     stores, left_out = replay.open_stores(sm.input.manifests)  # rows whose extraction failed: not gated either
     # served as generated (read here: no param, nothing retrained)
-    samplings = answer_sampling(sm.config["datasets"], model_sampling(Path(model)))
+    samplings = answer_sampling(sm.config["datasets"], model_sampling(model, tgt.revision))
     rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], samplings, skip=left_out)
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started, served = {}, {}

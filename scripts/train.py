@@ -108,7 +108,7 @@ def main() -> None:
         # not a param: the trained checkpoints do not depend on them; a block family drafts its block)
         replay.predict_epochs(validation, tr.epoch_checkpoints(run_dir / "checkpoints"), merged, by_dataset, failed,
                               Path(tgt.model), sorted(sm.config["evaluation"]["num_speculative_tokens"]), device,
-                              answer_sampling(sm.config["datasets"], model_sampling(Path(tgt.model))))
+                              answer_sampling(sm.config["datasets"], model_sampling(tgt.model, tgt.revision)))
     else:
         replay.skipped(validation, replay.ONLINE)
     checkpoint, choice = tr.choose_checkpoint(run_dir / "checkpoints", validation) if cfg["select"] == "tau" else \

@@ -442,10 +442,12 @@ def test_the_targets_own_sampling_defaults_are_part_of_how_its_answers_were_samp
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.0, "min_p": 0.0,
          "bos_token_id": 1}))
-    defaults = model_sampling(tmp_path)
+    defaults = model_sampling(str(tmp_path))  # read as vLLM reads it (transformers' GenerationConfig)
     assert defaults == {"top_k": 20, "top_p": 0.95}
     samplings = answer_sampling({"a": {"generation": {"temperature": 0.6}},
                                  "b": {"generation": {"temperature": 0.7, "top_p": 0.8}}}, defaults)
     assert samplings == {"a": {"temperature": 0.6, "top_k": 20, "top_p": 0.95},
                          "b": {"temperature": 0.7, "top_k": 20, "top_p": 0.8}}
-    assert model_sampling(tmp_path / "none") == {}
+    assert model_sampling(str(tmp_path / "none")) == {}
+    (tmp_path / "generation_config.json").write_text("{not json")
+    assert model_sampling(str(tmp_path)) == {}  # unreadable: said in the log, the request's sampling stands

@@ -444,9 +444,8 @@ def test_a_sampling_the_replay_cannot_compute_is_walked_by_its_matches_and_says_
 
     assert "T=0.6, min_p 0.05, repetition_penalty 1.1" in basis_text(label)
     assert "by the drafts they match" in basis_text(label)
-    # min-p alone: vLLM verifies without it, so the chances are computed without it, and the label says so
-    assert replay.expected_acceptance_computable({"temperature": 0.6, "top_k": 20, "min_p": 0.05})
-    assert "min_p left out" in basis_text(replay.exactness(0, 0, 40, [{"temperature": 0.6, "min_p": 0.05}]))
+    # min-p: vLLM's V2 runner (a GPU's) verifies with it, V1 without: walked by its matches, as penalties are
+    assert not replay.expected_acceptance_computable({"temperature": 0.6, "top_k": 20, "min_p": 0.05})
 
 
 def test_the_heads_acceptance_chances_are_vllms_sampling_of_the_targets_logits(monkeypatch):
@@ -499,3 +498,35 @@ def test_the_training_job_and_the_gate_walk_a_sampled_datasets_answers_as_sample
             assert validation[0]["predicted_served"]["acceptance_rate_per_position"][0] == 0.5
         else:
             assert label["basis"] == "exact"
+
+
+def test_a_sampled_answers_last_served_step_is_judged_past_the_window_by_the_heads_chances(monkeypatch):
+    """The gate serves a window of each answer; its last step's drafts are judged up to the answer's end (vLLM
+    counts a draft the target accepts before it truncates). Their chances need the target's distributions past
+    the window: the replay reads the head that far, and its walk equals one with every position's chances."""
+    generator = torch.Generator().manual_seed(1)
+    head = object.__new__(replay.TargetHead)
+    head.head, head.norm = torch.randn(6, 8, generator=generator) * 0.3, torch.ones(8)
+    head.eps, head.device = 1e-6, "cpu"
+    prompt, answer, seq, k = 3, 30, 33, 3
+    final = torch.randn(seq, 8, generator=generator)
+    ids = torch.randint(0, 6, (seq,), generator=generator).tolist()
+    drafts = [[ids[p + s + 1] if p + s + 1 < seq else -1 for p in range(seq)] for s in range(k)]  # all match
+
+    class Drafts:
+        def chains(self, input_ids, stored, k, walked):
+            return [d[:] for d in drafts[:k]]
+
+    class Store:
+        def read(self, row):
+            return {"token_ids": torch.tensor(ids), "hidden_states": final[:, None, :]}
+
+    row = replay.Row(("d", 0), torch.tensor(ids), [0] * prompt + [1] * answer, [*ids[1:], 0],
+                     sampling={"temperature": 0.8})
+    window = 7
+    total, _ = replay.predict(Drafts(), [row], {"d": Store()}, [k], window=window, first_turn_only=True,
+                              head=head)[k]
+    full = head.chances(final, drafts, row.sampling)
+    want = replay.walk(drafts, [*ids[1:], -1], prompt, prompt + window - 1, seq - 1, full)
+    assert total.accepted == pytest.approx(want.accepted) and total.steps == want.steps
+    assert want.accepted[k - 1] > 0  # the last step's later drafts, past the window, counted

@@ -257,11 +257,11 @@ def _unmeasured(plan: dict) -> str:
 
 
 def _cpu_caveat(results: dict) -> list[str]:
-    """Beside a config measured on a CPU: its draft length is the largest measured, which a CPU always prefers."""
+    """Beside a config measured on a CPU: its draft length is what tokens per step prefer, not a GPU's best."""
     if results.get("on_accelerator", True):
         return []
-    return ["", "Measured on a CPU and ranked by tokens per target step, which always rise with the draft length: "
-                "this config's draft length is the largest measured, not a GPU's best. Measure on your GPUs before "
+    return ["", "Measured on a CPU and ranked by tokens per target step, which rise with the draft length but for "
+                "the runs' noise: this config's draft length is not a GPU's best. Measure on your GPUs before "
                 "serving it there."]
 
 

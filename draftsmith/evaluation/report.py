@@ -246,7 +246,7 @@ def _serving(results: dict) -> list[str]:
         lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by): measured on a CPU, where drafting "
                   "costs about as much as a target step, so the target alone is faster everywhere and speed-ups say "
                   "nothing of a GPU's. The tokens per step carry over; the best draft length does not: ranked by "
-                  "tokens per step, the largest draft length measured always wins.", ""]
+                  "tokens per step, the largest draft length measured wins but for the runs' noise.", ""]
     lines += [
               "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
               "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]

@@ -142,14 +142,33 @@ NEUTRAL_SAMPLING = {"top_k": (0, -1), "top_p": (1.0,), "min_p": (0.0,), "repetit
                     "presence_penalty": (0.0,), "frequency_penalty": (0.0,)}
 
 
-def model_sampling(model_dir: Path) -> dict[str, Any]:
-    """The sampling the target ships in its ``generation_config.json``, which vLLM (``--generation-config auto``,
-    its default) and SGLang apply to a request that leaves it out: Qwen3's top_k 20 and top_p 0.95 reach every
-    answer generated at ``temperature: 0.6`` alone, Qwen2.5's repetition_penalty 1.05 every answer."""
-    path = model_dir / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    return {key: config[key] for key in SAMPLING_FIELDS
-            if config.get(key) is not None and config[key] not in NEUTRAL_SAMPLING[key]}
+def model_sampling(model: str, revision: str | None = None) -> dict[str, Any]:
+    """The sampling the target ships in its ``generation_config.json`` (a folder, or a hub id from the local
+    cache), which vLLM (``--generation-config auto``, its default, read the same way) and SGLang apply to a
+    request that leaves it out: Qwen3's top_k 20 and top_p 0.95 reach every answer generated at
+    ``temperature: 0.6`` alone, Qwen2.5's repetition_penalty 1.05 every answer. None shipped, or unreadable
+    (said): none."""
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(model, revision=revision).to_diff_dict()
+    except OSError:
+        return {}
+    except Exception as err:  # a file the engine would refuse too: the answers' sampling is then the request's
+        log.warning("%s: its generation_config.json is unreadable (%s); its sampling defaults are not counted",
+                    model, err)
+        return {}
+    out = {}
+    for key in SAMPLING_FIELDS:
+        value = config.get(key)
+        try:
+            value = None if value is None else int(value) if key == "top_k" else float(value)
+        except (TypeError, ValueError):
+            log.warning("%s: generation_config.json %s=%r is not a number; left out", model, key, value)
+            continue
+        if value is not None and value not in NEUTRAL_SAMPLING[key]:
+            out[key] = value
+    return out
 
 
 def answer_sampling(datasets: dict[str, dict], model_defaults: dict[str, Any]) -> dict[str, dict[str, Any] | None]:

@@ -215,9 +215,9 @@ def grid_section(grid: GridPlan, training_s: float | None) -> list[str]:
         hours = grid.per_length * grid.start_s / 3600
         lines.append(f"- Each draft length of evaluation.num_speculative_tokens costs {grid.per_length} server starts "
                      f"(~{hours:.1f} h of start-up alone): a shorter grid measures fewer of them. Tokens per step "
-                     "rise with the draft length, so a grid ranked by them (pick_by: tau, and every CPU's) always "
-                     "picks the largest: the length that serves best on a GPU is found only by its speed-ups, each "
-                     "length served.")
+                     "rise with the draft length, so a grid ranked by them (pick_by: tau, and every CPU's) "
+                     "picks the largest but for the runs' noise: the length that serves best on a GPU is found "
+                     "only by its speed-ups, each length served.")
     if grid.seconds is not None and training_s and grid.seconds > training_s:
         lines.append(f"- **The evaluation grid would take longer than the training ({training_s / 3600:.1f} h)**: "
                      "fewer concurrencies or draft lengths (evaluation.concurrency, num_speculative_tokens), fewer "

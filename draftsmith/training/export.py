@@ -253,11 +253,9 @@ def basis_text(exactness: dict | None) -> str:
         if share is not None else []
     if sampled:
         how = "; ".join(sampling_text(s) for s in sampled["sampling"])
-        min_p = any("min_p" in s for s in sampled["sampling"])
         parts.append(f"{sampled['positions']:,} answer tokens sampled ({how}), walked as a server sampling alike "
                      + ("accepts them, each step by its expected acceptance" if sampled["expected"] else
-                        "accepts them, by the drafts they match (the sampling's penalties are not computed)")
-                     + (" (min_p left out: vLLM verifies drafts without it)" if min_p and sampled["expected"] else "")
+                        "accepts them, by the drafts they match (the sampling's penalties or min-p are not computed)")
                      + ": one path each, for serving at that sampling, not greedily")
     return "estimate: " + "; ".join(parts) if parts else "estimate"
 

@@ -219,16 +219,15 @@ class TargetHead:
         return out.tolist()
 
 
-# What vLLM's rejection sampler applies to the target's logits (apply_sampling_constraints). min-p it does not
-# apply at all (a server verifies without it): left out of the probabilities, and said. Penalties it applies
-# from each request's history: a sampling with them is walked by its matches alone.
+# What vLLM's rejection sampler applies to the target's logits (V1's apply_sampling_constraints). min-p it applies
+# or not by model runner (V2, a GPU's default, does; V1 does not), penalties from each request's history: a
+# sampling with either is walked by its matches alone (still one path of that server, unbiased).
 VERIFIED_SAMPLING = {"temperature", "top_k", "top_p"}
-UNVERIFIED_SAMPLING = {"min_p"}
 
 
 def expected_acceptance_computable(sampling: dict | None) -> bool:
     """Whether the replay computes the server's acceptance probabilities for answers sampled this way."""
-    return bool(sampling) and set(sampling) - UNVERIFIED_SAMPLING <= VERIFIED_SAMPLING
+    return bool(sampling) and set(sampling) <= VERIFIED_SAMPLING
 
 
 def served_probabilities(logits: torch.Tensor, sampling: dict) -> torch.Tensor:
@@ -481,7 +480,8 @@ def predict(drafter: Drafter | BlockDrafter, rows: list[Row], stores: dict, ks: 
         if row.sampling:
             path = [*tokens[1:], -1]
             expected = head is not None and expected_acceptance_computable(row.sampling)
-            upto = max((served for _, served, _ in spans), default=0)  # nothing after the last served token is walked
+            # the last step drafts from before the last served token, its drafts judged past it (up to ``end``)
+            upto = max((served for _, served, _ in spans), default=0) + max(ks)
             chances = head.chances(stored[:upto, -1], [d[:upto] for d in drafts], row.sampling) if expected else None
             label = {"sampled": label["compared"], "samplings": [row.sampling], "expected": expected}
         for k, (total, per_row) in out.items():
