@@ -151,7 +151,7 @@ def model_sampling(model: str, revision: str | None = None) -> dict[str, Any]:
     from transformers import GenerationConfig
 
     try:
-        config = GenerationConfig.from_pretrained(model, revision=revision).to_diff_dict()
+        config = GenerationConfig.from_pretrained(model, revision=revision, local_files_only=True).to_diff_dict()
     except OSError:
         return {}
     except Exception as err:  # a file the engine would refuse too: the answers' sampling is then the request's
