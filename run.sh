@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Command 1 of 2: set up the environment if needed, then run the workflow.
+# Command 1 of 2: set up the environment this machine needs (envs/stack.sh: the GPU stack where nvidia-smi lists a
+# GPU or DRAFTSMITH_STACK=gpu, else the CPU stack), then run the workflow from it.
 #   ./run.sh                      # embedded default: drafter + evaluation report
 #   ./run.sh -n                   # dry run: what remains to be done
 #   ./run.sh results/drafter/final.safetensors --configfile my.yaml
@@ -8,7 +9,7 @@
 #   ./run.sh config --configfile my.yaml   # the effective config, each value's origin in a comment
 set -euo pipefail
 cd "$(dirname "$0")"
-envs/setup.sh
+python=$(envs/stack.sh)
 # Snakemake's --configfile takes every value up to the next flag: a target after it (a result) would be
 # read as a config file and fail with a traceback. Targets there are moved before it, the order
 # Snakemake needs; a value after it that is no file is refused.
@@ -33,7 +34,7 @@ set -- "${targets[@]}" "${rest[@]}"
 case ${1:-} in
   redo | status) module=draftsmith.ops.$1 ;;
   config) module=draftsmith.config.load ;;
-  *) exec .venv/bin/snakemake "$@" ;;
+  *) exec "$python" -m snakemake "$@" ;;
 esac
 shift
-exec .venv/bin/python -m "$module" "$@"
+exec "$python" -m "$module" "$@"

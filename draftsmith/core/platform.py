@@ -64,3 +64,16 @@ def ranking_figure(pick_by: str, device: str) -> str:
     there say nothing of a GPU's and plain serving would win everywhere: the figure that carries over is
     tokens per target step (``tau``)."""
     return pick_by if is_cuda(device) else "tau"
+
+
+def gpu_stack_problem(torch_gpu_build: str | None, server_gpus: int, train_gpus: int) -> str | None:
+    """Why GPU jobs cannot run in this Python, or None: ``server.gpus`` or ``train.gpus`` ask for GPUs and its
+    torch was built without CUDA (``torch_gpu_build`` is ``torch.version.cuda``, or ``torch.version.hip``: None on
+    the CPU stack, ``.venv``). Asked of the build, not of a GPU: a CUDA torch imports on a SLURM login node without
+    GPUs, which runs the jobs' stack (``.venv-gpu``) as they do."""
+    if torch_gpu_build or not (server_gpus or train_gpus):
+        return None
+    asked = " and ".join(f"{key} is {count}" for key, count in (("server.gpus", server_gpus),
+                                                                 ("train.gpus", train_gpus)) if count)
+    return (f"{asked}, and this Python's torch has no CUDA (the CPU stack): set up and run the GPU stack with "
+            "`DRAFTSMITH_STACK=gpu ./run.sh ...` (where nvidia-smi lists a GPU, ./run.sh picks it by itself)")

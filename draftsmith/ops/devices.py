@@ -59,6 +59,16 @@ def driver_version() -> str | None:
     return versions[0] if out.returncode == 0 and versions else None
 
 
+def driver_problem() -> str | None:
+    """Why this machine's NVIDIA driver cannot run the GPU stack, or None (a new enough driver, or none to ask).
+    Said by the preflight and by ``envs/setup-gpu.sh`` before its download."""
+    driver = driver_version()
+    if driver is None or int(driver.split(".")[0]) >= MIN_DRIVER:
+        return None
+    return (f"the NVIDIA driver here is {driver}; {GPU_STACK} needs driver {MIN_DRIVER} or newer (or install the GPU "
+            "stack built for your CUDA)")
+
+
 def _try_lock(path: Path) -> int | None:
     """An open descriptor holding ``path``'s exclusive lock, or None if another job holds it. Opened
     read-only: another user's jobs lock the same files."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from draftsmith.config.layers import aux_layer_problem, default_aux_layers
 from draftsmith.config.target import Facts, Target
+from draftsmith.core import platform
 from draftsmith.evaluation import methods
 from draftsmith.ops import devices, engine_check
 from draftsmith.training import families, probe
@@ -74,12 +75,22 @@ def check(config: dict, target: Target, base_dir: Path, facts: Facts | None) -> 
     """The preflight job's checks: every problem at once, then the engine check of the configured families
     (:func:`draftsmith.ops.engine_check.before_work`), so that no expensive job, each of which waits for
     this one, starts before vLLM is known to serve the target with each family."""
-    found = problems(config, target, base_dir, facts)
+    found = problems(config, target, base_dir, facts) + _stack(config)
     if found:
         raise PreflightError(found)
     if config["server"]["engine_check"]:
         with devices.for_job(config["server"]["gpus"]):  # the rule's gpu resource, held as every server job holds it
             engine_check.before_work(config, target)
+
+
+def _stack(config: dict) -> list[str]:
+    """GPU counts this Python cannot run: asked of the job, not while the DAG is built, so that a CPU machine
+    still dry-runs and plans a GPU config."""
+    import torch
+
+    problem = platform.gpu_stack_problem(torch.version.cuda or torch.version.hip, config["server"]["gpus"],
+                                         config["train"]["gpus"])
+    return [problem] if problem else []
 
 
 def local_source(source: str, base_dir: Path) -> Path | None:
@@ -251,10 +262,8 @@ def _gpus(config: dict) -> list[str]:
             found.append(f"{what} ask {count} GPUs and a node has {node} (cluster.gpus_per_node, else nvidia-smi)"
                          + ("; split the node, e.g. server.gpus 4 and train.gpus 4, or use offline mode"
                             if online and "train" in what else ""))
-    driver = devices.driver_version()
-    if driver is not None and int(driver.split(".")[0]) < devices.MIN_DRIVER:
-        found.append(f"the NVIDIA driver here is {driver}; {devices.GPU_STACK} needs driver {devices.MIN_DRIVER} or "
-                     "newer (or install the GPU stack built for your CUDA)")
+    if problem := devices.driver_problem():
+        found.append(problem)
     return found
 
 
