@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ EXAMPLES = sorted((REPO / "config" / "examples").glob("*.yaml"))
 TARGETS = {
     "Qwen/Qwen3-8B": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 36,
                       "hidden_size": 4096, "vocab_size": 151936, "max_position_embeddings": 40960},
+    "Qwen/Qwen3-32B": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 64,
+                       "hidden_size": 5120, "vocab_size": 151936, "max_position_embeddings": 40960},
     "moonshotai/Kimi-K2.5": {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
                              "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"},
                              "text_config": {"model_type": "deepseek_v3", "num_hidden_layers": 61, "hidden_size": 7168,
@@ -52,14 +55,28 @@ def workflow(tmp_path_factory) -> Path:
         config = yaml.safe_load(example.read_text())
         for name, entry in config["datasets"].items():  # distinct prompts: later datasets drop repeats
             (copy / entry["source"]).parent.mkdir(parents=True, exist_ok=True)
-            (copy / entry["source"]).write_text("".join(
-                json.dumps({"id": f"{name}-{i}", "prompt": f"Question {i} for the {name} set: explain step {i}."})
-                + "\n" for i in range(64)))
+            (copy / entry["source"]).write_text("".join(json.dumps(prompt_row(name, i, entry.get("workload")))
+                                                        + "\n" for i in range(64)))
         for entry in config["evaluation"]["prompt_sets"].values():
             if entry["source"].startswith("bfcl:"):  # read from the bfcl-eval package
                 continue
             shutil.copy(REPO / "config" / "prompts" / "bench_everyday.jsonl", copy / entry["source"])
     return copy
+
+
+def prompt_row(dataset: str, i: int, workload: str | None) -> dict:
+    """A row of the example's dataset: a prompt, or for a tool set an OpenAI conversation with its tool, call
+    and result."""
+    question = f"Question {i} for the {dataset} set: explain step {i}."
+    if workload not in ("tools", "agent"):
+        return {"id": f"{dataset}-{i}", "prompt": question}
+    tool = {"type": "function", "function": {"name": "lookup", "description": "Look a step up.", "parameters": {
+        "type": "object", "properties": {"step": {"type": "integer"}}, "required": ["step"]}}}
+    call = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": json.dumps({"step": i})}}
+    return {"id": f"{dataset}-{i}", "tools": [tool], "messages": [
+        {"role": "user", "content": question}, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": f"Step {i} is documented."},
+        {"role": "assistant", "content": f"Step {i} is documented."}]}
 
 
 def run(workflow: Path, hub_cache: Path, workdir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -146,3 +163,14 @@ def test_a_finished_project_moved_to_another_folder_reruns_nothing(workflow, tmp
     shutil.rmtree(first)
     plan = snakemake(moved, "-n")
     assert plan.returncode == 0 and "Nothing to be done" in plan.stdout + plan.stderr, plan.stdout[-3000:]
+
+
+def test_the_slurm_profiles_time_limit_example_names_real_rules():
+    """The commented set-resources example in profiles/slurm/config.yaml, uncommented, is a mapping of this
+    workflow's rules to runtimes (a renamed rule would leave users' copies setting nothing)."""
+    text = (REPO / "profiles" / "slurm" / "config.yaml").read_text()
+    example = yaml.safe_load("\n".join(line[4:] for line in text.splitlines() if re.match(r"#   \w+: \{", line)))
+    rules = {line.split()[1].rstrip(":") for smk in (REPO / "rules").glob("*.smk")
+             for line in smk.read_text().splitlines() if line.startswith("rule ")}
+    assert example and set(example) <= rules, (set(example) - rules)
+    assert all(isinstance(limits["runtime"], int) for limits in example.values())
