@@ -1,7 +1,7 @@
 """A long-running inference server for clusters: one job per node serves the target, many
 generate jobs share it (a 1T model is loaded once per node, not once per dataset).
 
-    sbatch --gpus=8 --wrap ".venv/bin/python -m draftsmith.generation.serve \\
+    sbatch --gpus=8 --wrap ".venv-gpu/bin/python -m draftsmith.generation.serve \\
         results/servers/$(hostname).url --configfile my.yaml"
 
 The server is started from the workflow's own config (``server`` and ``generation_server``), its
