@@ -1,6 +1,7 @@
 import asyncio
 import json
 import logging
+import random
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from draftsmith.training import export as ex
 from draftsmith.training import families, replay
 
 log = logging.getLogger("draftsmith.training.export")
+PER_REQUEST = "--per-request-spec-decode-metrics"  # vLLM's counts per request in each response (0.32 on)
 
 
 def failed(checkpoint: Path, reason: str, epoch: int) -> None:
@@ -74,18 +76,27 @@ def main() -> None:
     stores, left_out = replay.open_stores(sm.input.manifests)  # rows whose extraction failed: not gated either
     # served as generated (read here: no param, nothing retrained)
     samplings = answer_sampling(sm.config["datasets"], model_sampling(model, tgt.revision))
-    rows = ex.gate_rows(Path(sm.input.table), sm.config["export"]["gate_prompts"], samplings, skip=left_out)
+    any_sampled = any(replay.sampled(s) for s in samplings.values())
+    gate_cfg = sm.config["export"]
+    rows = ex.gate_rows(Path(sm.input.table), ex.gate_size(gate_cfg.get("gate_prompts"), any_sampled), samplings,
+                        skip=left_out)
+    samples = ex.gate_samples(len(rows), gate_cfg.get("gate_samples"), any_sampled)
+    seed = random.SystemRandom().randrange(2**31) if any_sampled else None  # this gate run's own draws
+    requests, of_row = ex.gate_requests(rows, samples, seed or 0)
     name, k = ev.drafted_per_step(str(drafter), ex.GATE_CHAIN)
     started, served = {}, {}
     spec = ev.server_spec("vllm", tgt, sm.config["server"], name, k, str(drafter))
+    if not any(arg.startswith(PER_REQUEST) for arg in spec.extra_args):  # each row's counts, for the band over rows
+        spec.extra_args += [PER_REQUEST, "summary"]
 
     def serve() -> None:
         # its start retried for the machine's failures, which fail the job, never the family (ev.serving)
         with ev.serving(lambda: managed_server(spec, Path(sm.log.server)), started) as server:
             root = ev.root_of(server.base_url)
             before = ev.scrape_spec_counters(root)
-            asyncio.run(ev.continue_tokens(server.base_url, model, rows, 2))
+            responses = asyncio.run(ev.continue_rows(server.base_url, model, requests, 2))
             served["acceptance"] = ev.acceptance(before, ev.scrape_spec_counters(root))
+            served["per_row"] = ex.served_rows(responses, of_row, len(rows))
 
     try:
         killed = ev.killed_every_try(serve, f"the {family} gate")
@@ -97,11 +108,14 @@ def main() -> None:
         return
     acceptance = served["acceptance"]
     predicted, why_not = predicted_at_gate(checkpoint, tgt, len(rows), left_out, stores, k, samplings)
-    passed, verdict, positions = ex.gate_verdict(acceptance, expected, predicted=predicted)
+    passed, verdict, positions, resolution = ex.gate_verdict(acceptance, expected, predicted=predicted,
+                                                             served_per_row=served["per_row"], samples=samples,
+                                                             seed=seed)
     write_json(sm.output.gate, {"passed": passed, "served": True, "verdict": verdict, "acceptance": acceptance,
                                 "predicted": predicted, "predicted_missing": why_not, "positions": positions,
                                 "validation_first_token_accuracy": expected, "epoch": epoch,
-                                "validation_rows": len(rows), "window": ex.GATE_WINDOW})
+                                "validation_rows": len(rows), "window": ex.GATE_WINDOW, "samples": samples,
+                                "seed": seed, "served_per_row": served["per_row"], "resolution": resolution})
     (log.info if passed else log.error)("gate: %s%s", verdict, "" if passed else "; left out of the pick")
 
 

@@ -182,7 +182,7 @@ def test_checkpoints_vllm_would_mis_map_are_refused(tmp_path, drop, fc_cols, mes
     ([0.0, 0.0], 40, 0.03, True, "too weak"),
 ])
 def test_the_export_gate(rates, drafts, expected, passed, says):
-    ok, verdict, _ = ex.gate_verdict({"drafts": drafts, "acceptance_rate_per_position": rates}, expected)
+    ok, verdict, _, _ = ex.gate_verdict({"drafts": drafts, "acceptance_rate_per_position": rates}, expected)
     assert ok is passed and says in verdict
 
 
@@ -195,7 +195,7 @@ def test_a_drafter_served_that_never_drafts_fails_the_gate_with_its_reason():
                              **{f"per_pos_{k}": 0.0 for k in range(3)}})
     assert served["acceptance_rate_per_position"] == [None, None, None]
     predicted = {"acceptance_rate_per_position": [0.2, 0.05, 0.0], "accepted_per_position": [40, 10, 0]}
-    ok, verdict, positions = ex.gate_verdict(served, 0.2, predicted=predicted)
+    ok, verdict, positions, _ = ex.gate_verdict(served, 0.2, predicted=predicted)
     assert not ok and "proposed no draft tokens" in verdict and positions == []
 
 
@@ -206,12 +206,12 @@ def test_the_gate_compares_every_position_served_with_the_same_drafter_replayed_
     it is flagged."""
     served = {"drafts": 115, "acceptance_rate_per_position": [0.20, 0.026, 0.0]}
     predicted = {"acceptance_rate_per_position": [0.232, 0.027, 0.0], "accepted_per_position": [26, 3, 0]}
-    ok, verdict, positions = ex.gate_verdict(served, 0.30, predicted=predicted)
+    ok, verdict, positions, _ = ex.gate_verdict(served, 0.30, predicted=predicted)
     assert ok and verdict == "served first-token acceptance 0.200 (predicted 0.232)"
     # positions 2 and 3: 3 and 0 drafts accepted predicted, too few for a share to mean anything
     assert [p["flag"] for p in positions] == [False, None, None] and positions[0]["ratio"] == pytest.approx(0.862,
                                                                                                              abs=1e-3)
-    ok, verdict, positions = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.22, 0.01, 0.0]}, 0.30,
+    ok, verdict, positions, _ = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.22, 0.01, 0.0]}, 0.30,
                                              predicted={**predicted, "accepted_per_position": [26, 20, 0]})
     assert ok and "outside 80%-125% of the predicted acceptance at position 2 below" in verdict and positions[1]["flag"]
     broken = ex.gate_verdict({**served, "acceptance_rate_per_position": [0.01, 0.0, 0.0]}, 0.30, predicted=predicted)
@@ -339,7 +339,7 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
 
     monkeypatch.setattr(server, "managed_server", serving)
     monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: {})
-    monkeypatch.setattr(ev, "continue_tokens", dying)
+    monkeypatch.setattr(ev, "continue_rows", dying)
     monkeypatch.setattr(ex, "gate_rows", lambda table, count, samplings, skip: [([1, 2, 3], 4, replay.GREEDY)])
     if fault in ("rejected", "slow", "oom_killed", "killed_drafting"):
         with pytest.raises(SystemExit):
@@ -360,7 +360,7 @@ def test_the_gate_flags_a_position_served_well_above_its_prediction_too_and_labe
     served = {"drafts": 400, "acceptance_rate_per_position": [0.197, 0.032, 0.0]}
     predicted = {"acceptance_rate_per_position": [0.141, 0.014, 0.0], "accepted_per_position": [56, 12, 0],
                  "exactness": {"basis": "estimate", "agreement": 0.8125, "positions": 512}}
-    ok, verdict, positions = ex.gate_verdict(served, 0.15, predicted=predicted)
+    ok, verdict, positions, _ = ex.gate_verdict(served, 0.15, predicted=predicted)
     assert ok and [(p["flag"], p["direction"]) for p in positions] == [(True, "above"), (True, "above"),
                                                                        (None, None)]
     assert "(predicted 0.141, estimate: the stored greedy answers' tokens are the target's argmax at 81.2% of " \
@@ -372,24 +372,116 @@ def test_the_gate_flags_a_position_served_well_above_its_prediction_too_and_labe
     assert [p["flag"] for p in within[2]] == [False, False, None] and "(predicted 0.141, exact)" in within[1]
 
 
-def test_sampled_answers_are_gated_at_their_sampling_and_flagged_only_beyond_two_samples_spread():
-    """Generated at T=0.6, the gate serves the rows sampled alike and the replay walks their sampled answers: each
-    side is one sample of the same acceptance. A gap within three standard errors of the two is what samples
-    differ by (not flagged); a drafter that halves the acceptance still is. An exact prediction has no spread."""
+def rows_of(accepted_first: list[float], drafts: int = 40) -> list[dict]:
+    """Gate rows of ``drafts`` drafts each, accepting ``accepted_first`` at position 1 (none later)."""
+    return [{"drafts": drafts, "accepted": [a, 0, 0]} for a in accepted_first]
+
+
+def sampled_gate(predicted_rows: list[dict], served_per_row: list[dict], samples: int = 1):
+    """The gate's verdict at T=0.6 over per-row counts, both sides pooled from their rows."""
     from draftsmith.training import replay
 
-    predicted = {"drafts": 400, "acceptance_rate_per_position": [0.141, 0.014, 0.0],
-                 "accepted_per_position": [56.4, 5.6, 0.0],
+    def pooled(rows):
+        drafts = sum(r["drafts"] for r in rows)
+        return drafts, [sum(r["accepted"][i] for r in rows) for i in range(3)]
+
+    drafts, accepted = pooled(predicted_rows)
+    predicted = {"drafts": drafts, "acceptance_rate_per_position": [a / drafts for a in accepted],
+                 "accepted_per_position": accepted, "rows": len(predicted_rows), "per_row": predicted_rows,
                  "exactness": replay.exactness(0, 0, 512, [{"temperature": 0.6}])}
-    near = {"drafts": 400, "acceptance_rate_per_position": [0.18, 0.02, 0.0]}  # 1.28x: outside the band
-    ok, verdict, positions = ex.gate_verdict(near, 0.15, predicted=predicted)
-    assert ok and positions[0]["flag"] is False and positions[0]["spread"] == pytest.approx(0.0259, abs=1e-4)
-    assert "512 answer tokens sampled (T=0.6), walked as a server sampling alike accepts them, each step by its " \
-        "expected acceptance: one path each, for serving at that sampling, not greedily" in verdict
-    halved = ex.gate_verdict({**near, "acceptance_rate_per_position": [0.05, 0.01, 0.0]}, 0.15, predicted=predicted)
-    assert [(p["flag"], p["direction"]) for p in halved[2][:1]] == [(True, "below")]
-    exact = {**predicted, "exactness": replay.exactness(512, 512)}
-    assert ex.gate_verdict(near, 0.15, predicted=exact)[2][0]["direction"] == "above"
+    drafts, accepted = pooled(served_per_row)
+    served = {"drafts": drafts, "acceptance_rate_per_position": [a / drafts for a in accepted]}
+    return ex.gate_verdict(served, 0.15, predicted=predicted, served_per_row=served_per_row, samples=samples,
+                           seed=1234)
+
+
+def test_the_sampled_gate_takes_rows_not_drafts_as_its_unit():
+    """Run A's gate: 8 rows, a band of ±0.025 over drafts passed a 0.63x gap, though a row's drafts share its text.
+    Here each row accepts all its drafts or none: over drafts (400 each side) the band is ±0.10 and a 0.6x gap
+    is flagged a fault; over rows, as many draws as rows, the band is ±0.40: the gap is what two samples of
+    ten rows differ by, and the gate says it cannot tell at this size, and how many rows would."""
+    predicted_rows = rows_of([40] * 5 + [0] * 5)  # 0.5
+    served_rows = rows_of([40] * 3 + [0] * 7)  # 0.3: 0.6x
+    ok, verdict, positions, resolution = sampled_gate(predicted_rows, served_rows)
+    assert ok and positions[0]["flag"] is False and positions[0]["ratio"] == pytest.approx(0.6)
+    assert positions[0]["spread"] == pytest.approx(0.1333, abs=1e-4)
+    assert resolution == {"rows": 10, "samples": 1, "seed": 1234, "can_tell": False, "band": pytest.approx(0.4),
+                          "tolerance": pytest.approx(0.1), "rows_needed": 160}
+    assert "over 10 rows x 1 served sample each (seed 1234, one seed per request from it): the band at position 1, " \
+        "3 standard errors over rows, is ±0.400 against a tolerance of ±0.100 (20% of the prediction): this gate " \
+        "cannot tell sampling from a fault at this size; about 160 rows would (export.gate_prompts)" in verdict
+
+
+def test_a_sampled_gate_of_enough_rows_tells_and_flags_a_fault_beyond_its_band():
+    """64 rows whose counts vary little: the band is narrower than the tolerance, so a drafter that halves the
+    acceptance is flagged, and a gap of 1.1x is within the band. Rows the server gave no counts for: no band,
+    never flagged as a fault, and the gate says why it cannot tell."""
+    predicted_rows = rows_of([8, 10, 12, 10] * 16)  # 0.25
+    _, verdict, positions, resolution = sampled_gate(predicted_rows, rows_of([4, 5, 6, 5] * 16))
+    assert resolution["can_tell"] and resolution["band"] < resolution["tolerance"]
+    assert (positions[0]["flag"], positions[0]["direction"]) == (True, "below")
+    assert "a gap outside 0.8-1.25 is beyond sampling" in verdict
+    assert sampled_gate(predicted_rows, rows_of([9, 11, 13, 11] * 16))[2][0]["flag"] is False
+    predicted = {"drafts": 2560, "acceptance_rate_per_position": [0.25, 0.0, 0.0], "accepted_per_position": [640, 0, 0],
+                 "per_row": predicted_rows, "exactness": {"basis": "estimate", "sampled": {
+                     "positions": 512, "sampling": [{"temperature": 0.6}], "expected": True}}}
+    _, verdict, positions, resolution = ex.gate_verdict(
+        {"drafts": 2560, "acceptance_rate_per_position": [0.125, 0.0, 0.0]}, 0.15, predicted=predicted,
+        served_per_row=None, samples=1, seed=7)
+    assert positions[0]["flag"] is False and resolution["why"] == "no per-request counts"
+    assert "cannot tell sampling from a fault, the server returned no per-request counts" in verdict
+
+
+def test_no_ratio_over_a_prediction_too_small_to_judge():
+    """The third position's ratio printed as 13,618,832 where the prediction was about zero, marked too few to
+    judge but shown: below FLAG_MIN_ACCEPTED drafts predicted accepted, no ratio is computed."""
+    served = {"drafts": 999, "acceptance_rate_per_position": [0.148, 0.019, 0.004]}
+    predicted = {"drafts": 999, "acceptance_rate_per_position": [0.175, 0.025, 2.9e-10],
+                 "accepted_per_position": [175, 25, 2.9e-7]}
+    positions = ex.gate_verdict(served, 0.15, predicted=predicted)[2]
+    assert [p["ratio"] for p in positions][2] is None and positions[2]["flag"] is None
+    assert positions[0]["ratio"] == pytest.approx(0.846, abs=1e-3)
+
+
+def test_each_sampled_row_is_served_several_times_each_request_seeded_apart():
+    """Run A's gates served identical counts twice (the CPU worker seeds its generator with 0): each gate run has
+    its own seed, each request its own draw from it; greedy rows are served once, unseeded."""
+    sampled, greedy = {"temperature": 0.6, "top_p": 0.95}, {"temperature": 0.0}
+    requests, of_row = ex.gate_requests([([1], 4, sampled), ([2], 4, greedy), ([3], 4, sampled)], 3, 100)
+    assert of_row == [0, 0, 0, 1, 2, 2, 2]
+    assert [r[2].get("seed") for r in requests] == [100, 101, 102, None, 104, 105, 106]
+    assert requests[3][2] == greedy and requests[0][2] == {**sampled, "seed": 100}
+    # n S / (S + 1) >= 42.2: 64 rows need 2 samples, 19 rows cannot (8 at most); greedy rows 1
+    assert round(ex.PLANNED_ROWS, 2) == 42.19
+    assert [ex.gate_samples(n, None, True) for n in (64, 86, 19)] == [2, 1, 8]
+    assert ex.gate_samples(64, None, False) == 1 and ex.gate_samples(64, 2, True) == 2
+    assert (ex.gate_size(None, True), ex.gate_size(None, False), ex.gate_size(5, True)) == (64, 8, 5)
+
+
+# A response of vLLM 0.32's /v1/completions with --per-request-spec-decode-metrics detailed, as its own protocol
+# classes write it (CompletionResponse, RequestSpecDecodeMetrics.observe per verify step; not a live server: the
+# CPU here is lent to other runs): 7 steps of 3 drafts (the last 2, at max_tokens) accepting 0 1 0 3 2 0 1.
+RECORDED = json.loads(
+    '{"id":"cmpl-0","object":"text_completion","created":0,"model":"t","choices":[{"index":0,"text":"x",'
+    '"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"prompt_logprobs":null,'
+    '"prompt_token_ids":null,"routed_experts":null}],"service_tier":null,"system_fingerprint":null,"usage":'
+    '{"prompt_tokens":5,"total_tokens":19,"completion_tokens":14,"prompt_tokens_details":null,'
+    '"completion_tokens_details":null},"kv_transfer_params":null,"ec_transfer_params":null,"metrics":'
+    '{"time_to_first_token_ms":null,"generation_time_ms":null,"queue_time_ms":null,"mean_itl_ms":null,'
+    '"tokens_per_second":null,"speculative_decoding":{"mean_acceptance_length":2.0,"draft_acceptance_rate":0.35,'
+    '"acceptance_histogram":[3,2,1,1],"num_spec_steps":7,"num_accepted_draft_tokens":7,"num_draft_tokens":20,'
+    '"num_spec_tokens":3,"per_step_accepted":[0,1,0,3,2,0,1],"per_step_drafted":[3,3,3,3,3,3,2]}}}')
+
+
+def test_each_rows_served_counts_come_from_vllms_per_request_counts():
+    """A row's served drafts are its verify steps, and position i accepted at the steps that accepted i or more
+    (as vLLM's per-position counters count); a row's samples add up; a response without them gives no rows."""
+    assert ex.request_counts(RECORDED) == {"drafts": 7, "accepted": [4, 2, 1]}
+    plain = {**RECORDED, "metrics": None}
+    assert ex.request_counts(plain) is None
+    assert ex.served_rows([RECORDED, RECORDED, RECORDED], [0, 0, 1], 2) == [
+        {"drafts": 14, "accepted": [8, 4, 2]}, {"drafts": 7, "accepted": [4, 2, 1]}]
+    assert ex.served_rows([RECORDED, plain], [0, 1], 2) is None
 
 
 def test_the_gate_serves_each_row_as_its_answers_were_generated(tmp_path):
@@ -451,3 +543,38 @@ def test_the_targets_own_sampling_defaults_are_part_of_how_its_answers_were_samp
     assert model_sampling(str(tmp_path / "none")) == {}
     (tmp_path / "generation_config.json").write_text("{not json")
     assert model_sampling(str(tmp_path)) == {}  # unreadable: said in the log, the request's sampling stands
+
+
+def test_the_gate_serves_with_per_request_counts_and_records_its_seed(drafter, target_dir, tmp_path, monkeypatch):
+    """scripts/export.py asks vLLM for each request's counts, serves each sampled row several times under one
+    seed per gate run, and records the seed, the samples and each row's served counts in gate.json."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from draftsmith.evaluation import evaluate as ev
+    from draftsmith.generation import server
+
+    seen = {}
+
+    @contextmanager
+    def serving(spec, log_path):
+        seen["args"] = list(spec.extra_args)
+        yield SimpleNamespace(base_url="http://127.0.0.1:9/v1", exited_before_stop=None)
+
+    async def rows(base_url, model, requests, concurrency):
+        seen["requests"] = requests
+        return [RECORDED] * len(requests)
+
+    counters = iter([{}, {"num_drafts": 14.0, "num_accepted_tokens": 14.0,
+                          "per_pos_0": 8.0, "per_pos_1": 4.0, "per_pos_2": 2.0}])
+    monkeypatch.setattr(server, "managed_server", serving)
+    monkeypatch.setattr(ev, "scrape_spec_counters", lambda root: next(counters))
+    monkeypatch.setattr(ev, "continue_rows", rows)
+    monkeypatch.setattr(ex, "gate_rows", lambda table, count, samplings, skip: [([1, 2], 4, {"temperature": 0.6})])
+    out = run_export_job(tmp_path, target_dir, "eagle3", drafter,
+                         datasets={"a": {"source": "a.jsonl", "generation": {"temperature": 0.6}}})
+    gate = json.loads((out / "gate.json").read_text())
+    assert seen["args"][-2:] == ["--per-request-spec-decode-metrics", "summary"]
+    assert gate["samples"] == ex.MAX_GATE_SAMPLES == len(seen["requests"])
+    assert [r[2]["seed"] for r in seen["requests"]] == [gate["seed"] + i for i in range(ex.MAX_GATE_SAMPLES)]
+    assert gate["served_per_row"] == [{"drafts": 56, "accepted": [32, 16, 8]}]

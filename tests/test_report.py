@@ -328,6 +328,32 @@ def test_on_gpus_a_training_free_method_slower_than_the_target_alone_is_not_reco
     assert "**n-gram, which needs no drafter, beat this drafter here**" in on_cpu.split("## ")[0]
 
 
+def test_the_gate_shows_no_ratio_over_a_zero_prediction_and_says_whether_it_can_tell(tmp_path):
+    """A gate.json from before showed a third position's ratio of 13,618,832 where the prediction was about zero,
+    marked too few to judge: the table shows none there. A sampled gate says, in the report and the card alike,
+    whether its band over rows is narrower than the tolerance, or how many rows would be."""
+    from draftsmith.evaluation.model_card import card
+    from draftsmith.training.export import resolution_text
+
+    resolution = {"rows": 19, "samples": 8, "seed": 42, "can_tell": False, "band": 0.061, "tolerance": 0.035,
+                  "rows_needed": 58}
+    gate = {**GATE, "acceptance": {"drafts": 1019, "acceptance_rate_per_position": [0.126, 0.008, 0.004]},
+            "predicted": {"rows": 19, "drafts": 999, "acceptance_rate_per_position": [0.175, 0.025, 2.9e-10]},
+            "positions": [{"position": 1, "predicted": 0.175, "served": 0.126, "ratio": 0.72, "flag": False,
+                           "spread": 0.02},
+                          {"position": 2, "predicted": 0.025, "served": 0.008, "ratio": 0.31, "flag": True,
+                           "direction": "below"},
+                          {"position": 3, "predicted": 2.9e-10, "served": 0.004, "ratio": 13618832.0, "flag": None,
+                           "predicted_accepted": 2.9e-7}],
+            "resolution": resolution}
+    told = resolution_text(resolution)
+    assert "this gate cannot tell sampling from a fault at this size; about 58 rows would" in told
+    text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, gate, gates={"eagle3": gate}))
+    shown = card(card_inputs(RESULTS, gate=gate))
+    for rendered in (text, shown):
+        assert "| 3 | 0.000 | 0.004 | – | too few to judge (2.9e-07 predicted accepted) |" in rendered
+        assert "13618832" not in rendered and f"Sampled, {told}." in rendered
+
 def test_the_report_and_the_card_show_served_against_predicted_by_position_and_flag_a_shortfall(tmp_path):
     """speculators#613: good validation metrics, acceptance ≈ 1.05 in vLLM. The gate's served acceptance
     stands beside the drafter's own prediction on the same rows and window, each position's ratio given and

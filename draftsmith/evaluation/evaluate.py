@@ -333,20 +333,27 @@ async def _idle(root: str, engine: str, metrics: httpx.AsyncClient, timeout_s: f
 
 async def continue_tokens(base_url: str, model: str, rows: list[tuple[list[int], int, dict]], concurrency: int,
                           ignore_eos: bool = False) -> int:
+    """The tokens :func:`continue_rows` generated."""
+    responses = await continue_rows(base_url, model, rows, concurrency, ignore_eos)
+    return sum(r["usage"]["completion_tokens"] for r in responses)
+
+
+async def continue_rows(base_url: str, model: str, rows: list[tuple[list[int], int, dict]], concurrency: int,
+                        ignore_eos: bool = False) -> list[dict]:
     """Continuations of token-id prompts (``/v1/completions``), each ``(ids, max_tokens, sampling)`` (e.g.
-    ``{"temperature": 0.0}``: greedy); returns the tokens generated. ``ignore_eos``: every row runs its full
-    length (a random model may end at once, drafting nothing)."""
+    ``{"temperature": 0.0}``: greedy); returns each response, in the rows' order. ``ignore_eos``: every row runs
+    its full length (a random model may end at once, drafting nothing)."""
     slots = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=3600) as http:
-        async def one(ids: list[int], max_tokens: int, sampling: dict) -> int:
+        async def one(ids: list[int], max_tokens: int, sampling: dict) -> dict:
             async with slots:
                 body = {"model": model, "prompt": ids, "max_tokens": max_tokens, **sampling,
                         **({"ignore_eos": True} if ignore_eos else {})}
                 response = await http.post("/completions", json=body)
                 response.raise_for_status()
-                return response.json()["usage"]["completion_tokens"]
+                return response.json()
 
-        return sum(await asyncio.gather(*(one(*row) for row in rows)))
+        return list(await asyncio.gather(*(one(*row) for row in rows)))
 
 
 def prompt_sets(cfg: dict, base_dir) -> dict[str, list[Prompt]]:

@@ -20,7 +20,15 @@ from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_confi
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
 from draftsmith.evaluation.schedule import best_single, describe
 from draftsmith.generation.generate import GenerationSettings
-from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, SAMPLED_Z, basis_text, sampling_text
+from draftsmith.training.export import (
+    ABOVE_SHARE,
+    GATE_WINDOW,
+    PREDICTED_SHARE,
+    SAMPLED_Z,
+    basis_text,
+    resolution_text,
+    sampling_text,
+)
 
 
 @dataclass
@@ -294,15 +302,18 @@ def gate_table(gate: dict) -> list[str]:
         return [f"No prediction to set beside the served acceptance: {gate['predicted_missing']}."] \
             if gate.get("predicted_missing") else []
     predicted = gate.get("predicted") or {}
-    rows = [f"| {p['position']} | {p['predicted']:.3f} | {p['served']:.3f} | {_num(p['ratio'], '.2f')} | "
-            + _flag(p) + " |" for p in positions]
+    # no ratio over a prediction too small to judge (gates from before computed one: not shown)
+    rows = [f"| {p['position']} | {p['predicted']:.3f} | {p['served']:.3f} | "
+            f"{_num(p['ratio'] if p['flag'] is not None else None, '.2f')} | " + _flag(p) + " |" for p in positions]
+    told = resolution_text(gate.get("resolution"))
     return ["| position | predicted | served | served / predicted | |", "|---:|---:|---:|---:|---|", *rows, "",
             f"Over {predicted.get('rows', '–')} rows: {_num(predicted.get('drafts'), 'g')} drafts predicted, "
             f"{_num(gate['acceptance'].get('drafts'), 'g')} served. Predicted: "
             f"{basis_text(predicted.get('exactness'))}"
             + ("" if ((predicted.get("exactness") or {}).get("agreement") or 1.0) == 1.0 else
                " (the gate's server continues greedy answers greedily: where a stored token is not the target's "
-               "argmax, a near-tie, it serves other text than the replay walks)") + "."]
+               "argmax, a near-tie, it serves other text than the replay walks)") + "."
+            + (f" Sampled, {told}." if told else "")]
 
 
 def _flag(position: dict) -> str:

@@ -604,7 +604,8 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
              "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "
              "are not the stored ones (numerics: the prediction is then an estimate, said with its agreement "
              "share). Rows whose answers were sampled are served sampled alike: each side is then one sample of "
-             "the same acceptance, and a gap within three standard errors of the two is not flagged. "
+             "the same acceptance, and a gap within three standard errors of their difference, rows as the unit, is "
+             "not flagged. "
              "DSpark: an engine whose confidence head cuts a block short accepts less at the later "
              "positions than the replay, which drafts the whole block."]
     for family, table in tables:

@@ -169,13 +169,107 @@ def gate_rows(merged: Path, count: int, samplings: dict[str, dict | None], max_t
 # A position whose served acceptance is below this share of the predicted one, or above ABOVE_SHARE of it, is
 # flagged (not failed: the drafter is served, but the engine accepts otherwise than the same drafter, replayed,
 # says it should; above it: the served text is not the replayed one, e.g. near-ties, another engine's answers),
-# where the prediction accepts enough drafts there for a share to mean anything.
+# where the prediction accepts enough drafts there for a share to mean anything: below FLAG_MIN_ACCEPTED drafts
+# predicted accepted at a position, no share of it is computed at all ("too few to judge").
 PREDICTED_SHARE = 0.8
 ABOVE_SHARE = 1.25
 FLAG_MIN_ACCEPTED = 10
-# Sampled answers make both sides one sample each: a gap within this many standard errors of the two rates is
-# what two samples of the same acceptance differ by.
+# Sampled answers make both sides samples: a gap within this many standard errors of their difference, with rows
+# as the unit (:func:`rows_band`), is what samples of the same acceptance differ by.
 SAMPLED_Z = 3.0
+# The gate's default size (``export.gate_prompts``, ``export.gate_samples`` null). Greedy rows serve the stored
+# answers again (no sampling band): GATE_ROWS of them find a broken mapping. At T > 0 the band at position 1 must
+# be narrower than the tolerance, SAMPLED_Z standard errors within (1 - PREDICTED_SHARE) of the prediction p. Planned
+# as if each side's per-row rate were binomial over PLAN_DRAFTS drafts at PLAN_ACCEPTANCE (the weakest first
+# position the gate judges; rows as the unit make it no narrower), n rows with S served samples each need
+#     n * S / (S + 1) >= PLANNED_ROWS = Z^2 (1 - p) / ((1 - PREDICTED_SHARE)^2 p d)   (= 42.2 at p 0.1, d 48)
+# (the prediction walks one stored answer per row; the served side averages its S samples). The rows read
+# after serving decide (:func:`gate_resolution`): a gate that cannot tell says so, and how many rows would.
+GATE_ROWS = 8
+GATE_ROWS_SAMPLED = 64
+PLAN_ACCEPTANCE = 0.1
+PLAN_DRAFTS = 48  # a 64-token window at about 1.3 tokens per step
+PLANNED_ROWS = SAMPLED_Z ** 2 * (1 - PLAN_ACCEPTANCE) / ((1 - PREDICTED_SHARE) ** 2 * PLAN_ACCEPTANCE * PLAN_DRAFTS)
+MAX_GATE_SAMPLES = 8
+
+
+def gate_size(setting: int | None, sampled_rows: bool) -> int:
+    """The validation rows the gate reads: ``export.gate_prompts``, else :data:`GATE_ROWS` (greedy answers) or
+    :data:`GATE_ROWS_SAMPLED` (any sampled)."""
+    return setting or (GATE_ROWS_SAMPLED if sampled_rows else GATE_ROWS)
+
+
+def gate_samples(rows: int, setting: int | None, sampled_rows: bool) -> int:
+    """Served samples per sampled row: ``export.gate_samples``, else the fewest with which ``rows`` rows meet
+    :data:`PLANNED_ROWS` (at most :data:`MAX_GATE_SAMPLES`: fewer rows than that cannot, whatever the samples);
+    1 where every row is greedy (served again, a greedy row reads the same)."""
+    if setting:
+        return setting
+    if not sampled_rows:
+        return 1
+    return next((s for s in range(1, MAX_GATE_SAMPLES + 1) if rows * s / (s + 1) >= PLANNED_ROWS), MAX_GATE_SAMPLES)
+
+
+def gate_requests(rows: list[tuple[list[int], int, dict]], samples: int,
+                  seed: int) -> tuple[list[tuple[list[int], int, dict]], list[int]]:
+    """The gate's requests and the row each serves: each sampled row ``samples`` times, each request with its own
+    seed (``seed`` plus its index: vLLM seeds that request's own generator, so no two samples share a draw and a
+    gate run's seed names its draws); greedy rows once, unseeded."""
+    requests, of_row = [], []
+    for i, (ids, max_tokens, sampling) in enumerate(rows):
+        for _ in range(samples if sampling.get("temperature", 0) > 0 else 1):
+            requests.append((ids, max_tokens, {**sampling, "seed": seed + len(requests)}
+                             if sampling.get("temperature", 0) > 0 else sampling))
+            of_row.append(i)
+    return requests, of_row
+
+
+def request_counts(response: dict) -> dict | None:
+    """One completion's drafts and accepted drafts by position, from vLLM's per-request counts
+    (``--per-request-spec-decode-metrics``: ``metrics.speculative_decoding``, whose ``acceptance_histogram[j]``
+    counts the steps that accepted exactly ``j`` drafts: position ``i`` accepted at the steps that accepted ``i``
+    or more, as the engine's per-position counters count); None where the response carries none."""
+    counts = ((response.get("metrics") or {}).get("speculative_decoding") or {})
+    histogram = counts.get("acceptance_histogram")
+    if histogram is None:
+        return None
+    return {"drafts": sum(histogram),
+            "accepted": [sum(histogram[i:]) for i in range(1, len(histogram))]}
+
+
+def served_rows(responses: list[dict], of_row: list[int], rows: int) -> list[dict] | None:
+    """Each gate row's served drafts and accepted drafts by position, summed over its samples; None where any
+    response lacks its per-request counts (an engine without them: the band cannot be computed over rows)."""
+    counts = [request_counts(r) for r in responses]
+    if not counts or any(c is None for c in counts):
+        return None
+    out = [{"drafts": 0, "accepted": [0] * len(counts[0]["accepted"])} for _ in range(rows)]
+    for row, count in zip(of_row, counts, strict=True):
+        out[row]["drafts"] += count["drafts"]
+        out[row]["accepted"] = [a + b for a, b in zip(out[row]["accepted"], count["accepted"], strict=True)]
+    return out
+
+
+def ratio_residuals(rows: list[dict], position: int) -> list[float]:
+    """Each row's share of a ratio estimator's error at ``position`` (0-based): ``(a_i - r d_i) / sum d``, with
+    ``r = sum a / sum d`` the pooled acceptance rate. The drafts of a row share its text (an easy row accepts
+    most of them, a hard one few), so the row, not the draft, is the independent unit."""
+    drafts = sum(r["drafts"] for r in rows)
+    rate = sum(r["accepted"][position] for r in rows) / drafts
+    return [(r["accepted"][position] - rate * r["drafts"]) / drafts for r in rows]
+
+
+def rows_band(served: list[dict], predicted: list[dict], position: int) -> float | None:
+    """The standard error of served minus predicted acceptance at ``position`` with rows as the unit: the two
+    ratio estimators linearised over the same rows, paired (a row easy for the drafter is easy on both sides),
+    ``sqrt(n / (n - 1) * sum_i (e_served_i - e_predicted_i)^2)``. None under two rows, or rows that differ."""
+    if len(served) != len(predicted) or len(served) < 2 or not all(
+            sum(r["drafts"] for r in side) for side in (served, predicted)):
+        return None
+    n = len(served)
+    gaps = [s - p for s, p in zip(ratio_residuals(served, position), ratio_residuals(predicted, position),
+                                  strict=True)]
+    return (n / (n - 1) * sum(g * g for g in gaps)) ** 0.5
 
 
 def off_prediction(served: float, predicted: float, count: float, spread: float = 0.0) -> str | bool | None:
@@ -191,54 +285,105 @@ def off_prediction(served: float, predicted: float, count: float, spread: float 
     return "above" if served > ABOVE_SHARE * predicted else False
 
 
-def sampling_spread(served: float, served_drafts: int, predicted: float, predicted_drafts: int) -> float:
-    """The standard error of the difference of two acceptance rates, each a share of its drafts."""
-    return math.sqrt(sum(rate * (1 - rate) / drafts for rate, drafts in ((served, served_drafts),
-                                                                       (predicted, predicted_drafts)) if drafts))
+def gate_resolution(positions: list[dict], rows: int, samples: int, seed: int | None,
+                    served_per_row: bool) -> dict:
+    """Whether a sampled gate can tell sampling from a fault at position 1: its band (:data:`SAMPLED_Z` standard
+    errors over rows, :func:`rows_band`) narrower than the tolerance, ``(1 - PREDICTED_SHARE)`` of the
+    prediction; if not, about how many rows would (the band shrinks as the square root of the rows), from the
+    spread the rows showed. Worded by :func:`resolution_text`."""
+    out = {"rows": rows, "samples": samples, "seed": seed, "can_tell": False}
+    first = positions[0] if positions else None
+    if not served_per_row:
+        return {**out, "why": "no per-request counts"}
+    if first is None or first["flag"] is None:
+        return {**out, "why": "too few accepted"}
+    if first["spread"] is None:
+        return {**out, "why": "under two rows"}
+    band, tolerance = SAMPLED_Z * first["spread"], (1 - PREDICTED_SHARE) * first["predicted"]
+    out.update(band=band, tolerance=tolerance, can_tell=band < tolerance)
+    if not out["can_tell"]:
+        out["rows_needed"] = math.ceil(round(rows * (band / tolerance) ** 2, 6))  # 160.0000001: 160
+    return out
+
+
+def resolution_text(resolution: dict | None) -> str:
+    """A sampled gate's resolution in words, the same in gate.json's verdict, the report and the card (gates from
+    before it was recorded: empty). A count served twice under one seed can still differ: the request's own
+    generator repeats its draws, but its logits vary with the batch it shares (batch composition), and a retried
+    gate serves again."""
+    if not resolution:
+        return ""
+    seeded = f"seed {resolution['seed']}" if resolution.get("seed") is not None else "unseeded"
+    size = (f"{resolution['rows']} rows x {resolution['samples']} served sample"
+            f"{'s' if resolution['samples'] > 1 else ''} each ({seeded}, one seed per request from it)")
+    why = resolution.get("why")
+    if why == "no per-request counts":
+        return (f"over {size}: cannot tell sampling from a fault, the server returned no per-request counts "
+                "(vLLM's --per-request-spec-decode-metrics) to compute the band over rows")
+    if why == "too few accepted":
+        return f"over {size}: cannot tell sampling from a fault, position 1 predicts too few accepted drafts"
+    if why == "under two rows":
+        return f"over {size}: cannot tell sampling from a fault, one row has no spread over rows"
+    band = (f"the band at position 1, {SAMPLED_Z:g} standard errors over rows, is ±{resolution['band']:.3f} against "
+            f"a tolerance of ±{resolution['tolerance']:.3f} ({1 - PREDICTED_SHARE:.0%} of the prediction)")
+    if resolution["can_tell"]:
+        return f"over {size}: {band}: a gap outside {PREDICTED_SHARE:g}-{ABOVE_SHARE:g} is beyond sampling"
+    return (f"over {size}: {band}: this gate cannot tell sampling from a fault at this size; about "
+            f"{resolution['rows_needed']} rows would (export.gate_prompts)")
 
 
 def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: float = 0.1,
-                 predicted: dict | None = None) -> tuple[bool, str, list[dict]]:
+                 predicted: dict | None = None, served_per_row: list[dict] | None = None, samples: int = 1,
+                 seed: int | None = None) -> tuple[bool, str, list[dict], dict | None]:
     """Whether the served drafter behaves like the trained one, and the served acceptance by position beside
     the predicted one (:mod:`draftsmith.training.replay` on the same rows and window), each flagged below
-    :data:`PREDICTED_SHARE` or above :data:`ABOVE_SHARE` of it (``flag``, and ``direction``; beyond the two
-    samples' spread where the answers were sampled). The prediction is exact where the stored answers are the
-    target's greedy ones and the server continues them greedily, else an estimate (:func:`basis_text`).
+    :data:`PREDICTED_SHARE` or above :data:`ABOVE_SHARE` of it (``flag``, and ``direction``; where the answers
+    were sampled, beyond :data:`SAMPLED_Z` standard errors of the difference with rows as the unit: the served
+    counts per row (``served_per_row``, over its ``samples`` served samples under ``seed``) against the
+    prediction's (``predicted["per_row"]``)), and where sampled, whether the gate can tell at its size
+    (:func:`gate_resolution`). The prediction is exact where the stored answers are the target's greedy ones and
+    the server continues them greedily, else an estimate (:func:`basis_text`).
 
     ``expected_first``: what the first position should accept, the predicted served rate where there is one
     (``predicted``), else the validation accuracy of the first drafted token. Served, the first position's
     acceptance rate should be of the same order; a broken vocabulary mapping gives ~0.
     """
     if not acceptance["drafts"]:  # vLLM then reports each position's rate as None
-        return False, "vLLM loaded the drafter but proposed no draft tokens", []
+        return False, "vLLM loaded the drafter but proposed no draft tokens", [], None
     served_rates = acceptance["acceptance_rate_per_position"] or []
     predicted_rates = (predicted or {}).get("acceptance_rate_per_position") or []
     counts = (predicted or {}).get("accepted_per_position") or [0] * len(predicted_rates)
     exactness = (predicted or {}).get("exactness") if predicted_rates else None
+    sampled = bool((exactness or {}).get("sampled"))
+    per_row = (predicted or {}).get("per_row") or []
     positions = []
     for i, (served, want, count) in enumerate(zip(served_rates, predicted_rates, counts, strict=False)):
-        spread = sampling_spread(served, acceptance["drafts"], want, predicted["drafts"]) \
-            if (exactness or {}).get("sampled") else 0.0
-        direction = off_prediction(served, want, count, spread)
+        spread = rows_band(served_per_row, per_row, i) if sampled and served_per_row else None
+        direction = off_prediction(served, want, count, spread or 0.0) if spread is not None or not sampled \
+            else (None if count < FLAG_MIN_ACCEPTED else False)  # no band: never flagged as a fault
         positions.append({"position": i + 1, "served": served, "predicted": want, "predicted_accepted": count,
-                          "ratio": served / want if want else None, "spread": spread or None,
+                          "ratio": served / want if count >= FLAG_MIN_ACCEPTED else None, "spread": spread,
                           "flag": None if direction is None else bool(direction), "direction": direction or None})
+    resolution = gate_resolution(positions, len(per_row) or (predicted or {}).get("rows", 0), samples, seed,
+                                 served_per_row is not None) if sampled else None
     source = "predicted" if predicted_rates else "validation"
     label = f", {basis_text(exactness)}" if exactness else ""
+    told = f"; {resolution_text(resolution)}" if resolution else ""
     expected_first = predicted_rates[0] if predicted_rates else expected_first
     served = (served_rates or [0.0])[0] or 0.0
     if expected_first is None or expected_first < min_expected:
         return True, (f"served first-token acceptance {served:.3f}; the drafter is too weak ({source} "
-                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping"), positions
+                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping"), \
+            positions, resolution
     if served < expected_first / 4:
         return False, (f"served first-token acceptance {served:.3f} is far below the {source} one "
                        f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target"), \
-            positions
+            positions, resolution
     flagged = [f"{p['position']} {p['direction']}" for p in positions if p["flag"]]
     return True, (f"served first-token acceptance {served:.3f} ({source} {expected_first:.3f}{label})"
                   + (f"; flagged, served outside {PREDICTED_SHARE:.0%}-{ABOVE_SHARE:.0%} of the predicted acceptance "
-                     f"at position{'s' if len(flagged) > 1 else ''} {', '.join(flagged)}" if flagged else "")), \
-        positions
+                     f"at position{'s' if len(flagged) > 1 else ''} {', '.join(flagged)}" if flagged else "") + told), \
+        positions, resolution
 
 
 def basis_text(exactness: dict | None) -> str:

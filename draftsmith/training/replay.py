@@ -573,18 +573,21 @@ def at_gate(checkpoint: Path, merged: Path, stores: dict, skip: set[tuple[str, i
     (the first ``rows`` validation rows but ``skip``), first turns and ``window``; else None and why (the
     replay failed, or had no rows). The gate serves each row as its answers were generated (``samplings``):
     greedy ones continued greedily (exact where the stored answers are the target's argmax), sampled ones
-    sampled alike (an estimate: one path each, served and replayed)."""
+    sampled alike (an estimate: one path each, served and replayed). ``per_row``: each row's drafts and
+    accepted drafts by position, in the rows' order."""
     try:
         held, head = rows_and_head(merged, stores, skip, target_dir, device, samplings, limit=rows, tokens=2**62)
         if not held:
             return None, NO_ROWS
-        walked, _ = predict(load_drafter(checkpoint, target_dir, device), held, stores, [k], window=window,
-                            first_turn_only=True, head=head)[k]
+        walked, per_row = predict(load_drafter(checkpoint, target_dir, device), held, stores, [k], window=window,
+                                  first_turn_only=True, head=head)[k]
     except Exception as err:  # as in predict_epochs: the gate judges without it
         log.warning("the gate's predicted acceptance could not be computed (%s: %s); the gate judges the first "
                     "position by validation accuracy", type(err).__name__, err, exc_info=True)
         return None, f"the replay failed ({type(err).__name__}: {(str(err).splitlines() or [''])[0]})"
-    return {**walked.as_dict(), "rows": len(held), "window": window}, None
+    # each row's counts too: the gate's band takes rows, not drafts, as its unit (export.rows_band)
+    return {**walked.as_dict(), "rows": len(held), "window": window,
+            "per_row": [{"drafts": w.steps, "accepted": list(w.accepted)} for w in per_row]}, None
 
 
 def open_stores(manifests: list[Path], verify: str | None = None) -> tuple[dict, set[tuple[str, int]]]:
