@@ -72,6 +72,18 @@ def test_hermes_reads_tools_calls_and_responses_and_leaves_out_the_tool_instruct
         '{"name": "set_light", "content": "kitchen on"}', '{"name": "set_light", "content": "hall on"}']
 
 
+def test_hermes_tools_appear_once_under_text_rendering():
+    """tokenize.tool_rendering: text writes its own <tools> block into the system prompt (as generation sends
+    it): the dataset's tool instructions, left out, must not put a second one beside it."""
+    from draftsmith.data.chat import text_rendering
+
+    for prompt in loaded(FIXTURES / "hermes.jsonl", fmt="hermes"):
+        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + \
+            [{"role": "user", "content": prompt.turns[0]}]
+        rendered = "".join(m["content"] for m in text_rendering(messages, prompt.tools))
+        assert rendered.count("<tools>") == 1 and rendered.count(prompt.tools[0]["function"]["name"]) == 1
+
+
 def test_a_sharegpt_row_with_hermes_markup_is_refused_under_auto_and_read_as_chat_when_asked():
     result = load_prompts(FIXTURES / "hermes.jsonl")
     assert not result.prompts and len(result.rejects) == 3
