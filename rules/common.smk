@@ -157,11 +157,13 @@ SOURCE_KEYS = (
     "skip",
     "max_samples",
     "max_prompt_chars",
+    "tools",
 )
 
 
 def source_slice(entry):
-    return {k: entry[k] for k in SOURCE_KEYS}
+    # tools has no default: in a job's params only where set, so a finished project reruns nothing
+    return {k: entry[k] for k in SOURCE_KEYS if k in entry}
 
 
 def prompts_params(wildcards):

@@ -106,7 +106,8 @@ def test_parallel_calls_pair_by_id_by_order_and_from_one_observation(tmp_path):
     legacy = {"id": "legacy", "messages": [
         {"role": "user", "content": "go"}, {"role": "assistant", "function_call": {"name": "first", "arguments": "{}"}},
         {"role": "function", "name": "first", "content": "A"}]}
-    result = load(tmp_path, by_id, by_order, one_observation, two_observations, legacy)
+    result = load_prompts(write_jsonl(tmp_path / "p.jsonl", [by_id, by_order, one_observation, two_observations,
+                                                              legacy]), tools=[{"name": "first"}, {"name": "second"}])
     assert not result.rejects, [str(r) for r in result.rejects]
     steps = {p.id: p.tool_steps for p in result.prompts}
     pair = [{"name": "first", "content": "A"}, {"name": "second", "content": "B"}]

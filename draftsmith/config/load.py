@@ -282,7 +282,7 @@ def _named_entries(schema: dict) -> bool:
 def _reference_row(key: str, sub: dict) -> str:
     types = sub["type"] if isinstance(sub.get("type"), list) else [sub.get("type", "any")]
     kind = " \\| ".join(map(_inline, sub["enum"])) if sub.get("enum") else " or ".join(types)
-    default = f"`{_inline(sub['default'])}`" if "default" in sub else "required"
+    default = f"`{_inline(sub['default'])}`" if "default" in sub else "unset" if sub.get("x-unset") else "required"
     meaning = sub.get("description", "").replace("|", "\\|").replace("\n", " ")
     return f"| `{key}` | {kind} | {default} | {'op' if sub.get('x-operational') else ''} | {meaning} |"
 

@@ -16,7 +16,11 @@ calls with their results: OpenAI assistant ``tool_calls`` (or ``function_call``)
 ``observation`` / ``tool_response`` / ``function`` / ``tool`` turns, in order (one observation may
 hold a JSON list of the results of n parallel calls). The dataset's calls are regenerated like its
 answers; their results are kept as :attr:`Prompt.tool_steps` for generation to pair with the
-model's own calls.
+model's own calls. A row with calls and no tools is refused, unless the set gives its tools
+(``datasets.<name>.tools``): generation would send none.
+
+Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``; detected under
+``auto`` where their keys leave no doubt) are read by :mod:`draftsmith.data.agent_shapes` and paired here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from draftsmith.config.target import resolve_package_file
 from draftsmith.core import jsonl
 from draftsmith.core.digest import prompt_digest
+from draftsmith.data import agent_shapes
 
 CHAT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 # Where a tool call or result stands: OpenAI's messages hold calls in assistant turns, ShareGPT's in turns of their own.
@@ -179,13 +184,17 @@ def _hub_snapshot(dataset_id: str) -> str | None:
         return None
 
 
-def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int) -> Prompt:
-    """The row as a :class:`Prompt` without its id; raise ``_BadField`` naming what is wrong."""
+def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
+              set_tools: list[dict] | None = None) -> Prompt:
+    """The row as a :class:`Prompt` without its id; raise ``_BadField`` naming what is wrong.
+    ``set_tools``: the set's tools (``datasets.<name>.tools``), for its rows that carry none."""
     if not isinstance(row, dict):
         raise _BadField("<row>", f"expected an object, got {type(row).__name__}")
     if fmt == "auto":
-        fmt = next((f for f in ("messages", "conversations", "turns") if f in row), "prompt")
-    if fmt in ("prompt", "turns"):
+        fmt = _detected_format(row, prompt_field)
+    if fmt in agent_shapes.SHAPES:
+        parsed = _shape_prompt(row, fmt)
+    elif fmt in ("prompt", "turns"):
         if fmt == "prompt":
             turns = [_text(row, prompt_field)]
         else:
@@ -199,10 +208,71 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int) -> P
         parsed = _chat_turns(row, fmt)
     else:
         raise ValueError(f"unknown prompt format {fmt!r}")
+    parsed = _with_set_tools(parsed, set_tools)
     for turn in parsed.turns:
         if len(turn) > max_prompt_chars:
-            raise _BadField(fmt if fmt != "prompt" else prompt_field,
+            raise _BadField(SHAPE_TEXT_FIELDS.get(fmt, fmt) if fmt != "prompt" else prompt_field,
                             f"prompt is {len(turn)} characters, over the limit of {max_prompt_chars}")
+    return parsed
+
+
+# Where a shape's user text sits, for a reject that names the field
+SHAPE_TEXT_FIELDS = {"glaive": "chat", "hermes": "conversations", "xlam": "query"}
+
+
+def _detected_format(row: dict, prompt_field: str) -> str:
+    """``format: auto``: the chat shapes by their keys, then a published agent shape where its keys leave no
+    doubt and the row has no prompt column (an explicit ``prompt_field`` wins), else the prompt column. A
+    ShareGPT row holding Hermes markup is refused rather than read either way silently: as chat it would lose
+    its tools, and read as Hermes a set loaded before would change its digests."""
+    fmt = next((f for f in ("messages", "conversations", "turns") if f in row), None)
+    if fmt == "conversations" and agent_shapes.hermes_markup(row["conversations"]):
+        raise _BadField("conversations", "holds Hermes tool markup (<tools> / <tool_call> text): set format: hermes "
+                                         "to read its tools and calls, or format: conversations to read it as chat")
+    if fmt is None and prompt_field not in row:
+        fmt = agent_shapes.detect(row)
+    return fmt or "prompt"
+
+
+def _shape_prompt(row: dict, shape: str) -> Prompt:
+    """A published agent shape (:mod:`draftsmith.data.agent_shapes`), its calls and results paired as a chat
+    row's are."""
+    try:
+        read = agent_shapes.read(row, shape)
+    except agent_shapes.BadShape as bad:
+        raise _BadField(bad.field_name, bad.reason) from None
+    try:
+        tools = _tools(read.tools)
+    except _BadField as bad:
+        where = bad.field_name if read.tools_where == "tools" else f"{read.tools_where} ({bad.field_name})"
+        raise _BadField(where, bad.reason) from None
+    turns: list[str] = []
+    steps = _Steps()
+    for turn in read.turns:
+        if turn.role == "user":
+            turns.append(_text({"text": turn.text}, "text", where=turn.where))
+            steps.user()
+        elif turn.role == "assistant":
+            steps.assistant([], turn.where)
+        elif turn.role == "call":
+            steps.assistant(_sharegpt_calls(turn.calls, turn.where), turn.where)
+        else:
+            steps.result(None, _result_text(turn.text, turn.where), turn.where)
+    if not turns:
+        raise _BadField(SHAPE_TEXT_FIELDS[shape], "no user message")
+    tool_steps = steps.done() if tools is not None or steps.saw_calls else None
+    return Prompt("", turns, read.system, tools, tool_steps)
+
+
+def _with_set_tools(parsed: Prompt, set_tools: list[dict] | None) -> Prompt:
+    """The set's tools for a row without its own; a row with the dataset's calls and still no tools is refused:
+    generation would send none, and the model could never make the calls its results answer."""
+    if parsed.tools is None and set_tools:
+        steps = parsed.tool_steps if parsed.tool_steps is not None else [[] for _ in parsed.turns]
+        return replace(parsed, tools=set_tools, tool_steps=steps)
+    if parsed.tools is None and parsed.tool_steps is not None:
+        raise _BadField("tools", "the row has tool calls but no tools to send with them: give a tools column, "
+                                 "or the set's tools in datasets.<name>.tools")
     return parsed
 
 
@@ -433,13 +503,20 @@ class _BadField(ValueError):
 
 
 def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id_field: str = "id",
-                 max_samples: int | None = None, max_prompt_chars: int = 100_000, skip: int = 0) -> PromptSet:
+                 max_samples: int | None = None, max_prompt_chars: int = 100_000, skip: int = 0,
+                 tools: list[dict] | None = None) -> PromptSet:
     """Read up to ``max_samples`` valid prompts from ``path`` after its first ``skip`` rows.
 
-    Bad rows become rejects; duplicate ids are rejected too (resume-by-id needs unique ids).
+    Bad rows become rejects; duplicate ids are rejected too (resume-by-id needs unique ids). A shape that is
+    recognised but not read (:class:`agent_shapes.ShapeNotBuilt`) refuses the whole set, naming it.
+    ``tools``: the set's tools, for rows without their own.
     """
     result = PromptSet()
     seen: set[str] = set()
+    try:
+        set_tools = _tools(tools)
+    except _BadField as bad:
+        raise ValueError(f"{path}: the set's tools: {bad.field_name}: {bad.reason}") from None
     for number, row in iter_rows(path):
         if number <= skip:
             continue
@@ -449,10 +526,12 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
             result.rejects.append(Reject(str(path), number, "<line>", row.reason))
             continue
         try:
-            parsed = parse_row(row, fmt, prompt_field, max_prompt_chars)
+            parsed = parse_row(row, fmt, prompt_field, max_prompt_chars, set_tools)
         except _BadField as bad:
             result.rejects.append(Reject(str(path), number, bad.field_name, bad.reason))
             continue
+        except agent_shapes.ShapeNotBuilt as err:
+            raise ValueError(f"{path}: row {number}: {err}") from None
         raw_id = row.get(id_field)
         pid = str(raw_id) if raw_id not in (None, "") else parsed.digest  # stable
         if pid in seen:
@@ -471,7 +550,7 @@ def load_configured(cfg: dict, base_dir: Path, apply_max_samples: bool = True) -
     """
     return load_prompts(resolve_source(cfg["source"], base_dir), fmt=cfg["format"], prompt_field=cfg["prompt_field"],
                         id_field=cfg["id_field"], max_samples=cfg["max_samples"] if apply_max_samples else None,
-                        max_prompt_chars=cfg["max_prompt_chars"], skip=cfg["skip"])
+                        max_prompt_chars=cfg["max_prompt_chars"], skip=cfg["skip"], tools=cfg.get("tools"))
 
 
 def write_prompts(prompts: list[Prompt], dest: Path) -> None:

@@ -1,0 +1,304 @@
+"""Agent and function-calling sets in the shapes they are published in, read into neutral turns.
+
+Each reader turns one raw row into :class:`Shape`: the tools (before :mod:`draftsmith.data.datasets` checks
+them as function schemas), the system prompt that is not tool instructions, and the conversation as
+:class:`Turn` s that :func:`draftsmith.data.datasets.parse_row` pairs like any chat row's. Text parsing lives
+here, pairing and validation of calls there, so each stays one owner's.
+
+- ``glaive`` (glaiveai/glaive-function-calling-v2): a ``system`` text holding the function JSON, a ``chat``
+  transcript of ``USER:`` / ``ASSISTANT:`` (``<functioncall> {...} <|endoftext|>``, its ``arguments`` a
+  single-quoted string) / ``FUNCTION RESPONSE:`` turns.
+- ``hermes`` (NousResearch/hermes-function-calling-v1): ShareGPT turns, the tools in the system prompt's
+  ``<tools>`` (JSON or Python literals), calls as ``<tool_call>`` text in ``gpt`` turns, results as
+  ``<tool_response>`` text in ``tool`` turns. A system prompt holding ``<tools>`` is the dataset's own tool
+  instructions and is left out: the target's template (or ``tool_rendering: text``) writes its own.
+- ``xlam`` (Salesforce xLAM / APIGen): ``query``, ``tools`` (parameters as ``{name: {type: "str", ...}}``,
+  not JSON schema), ``answers`` (the calls), the latter two often JSON strings.
+- ``sweagent`` (nebius/SWE-agent-trajectories): a ``trajectory`` to regenerate on its own history, which
+  is not built: refused by name (:class:`ShapeNotBuilt`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+SHAPES = ("glaive", "hermes", "xlam", "sweagent")
+HERMES_MARKUP = ("<tools>", "<tool_call>")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a conversation: ``user`` / ``assistant`` text, a ``call`` turn (``calls``: the
+    dataset's ``{"name", "arguments"}``), or a ``result``; ``where`` names the raw field it came from."""
+
+    role: str
+    where: str
+    text: str | None = None
+    calls: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    turns: list[Turn]
+    system: str | None
+    tools: Any  # the row's tools, still to be checked as function schemas (None: the row has none)
+    tools_where: str = "tools"  # the raw field they came from
+
+
+class BadShape(ValueError):
+    """A raw field that cannot be read in its shape: ``field_name`` names it, as a reject does."""
+
+    def __init__(self, field_name: str, reason: str):
+        super().__init__(reason)
+        self.field_name = field_name
+        self.reason = reason
+
+
+class ShapeNotBuilt(ValueError):
+    """A shape that is recognised but not read: the whole set is refused naming it."""
+
+
+def detect(row: dict) -> str | None:
+    """The shape whose keys leave no doubt, else None (the row is read as before)."""
+    if "system" in row and "chat" in row:
+        return "glaive"
+    if {"query", "answers", "tools"} <= row.keys():
+        return "xlam"
+    if "trajectory" in row:
+        return "sweagent"
+    return None
+
+
+def hermes_markup(messages: Any) -> bool:
+    """Whether ShareGPT turns hold Hermes tool markup as text (tools and calls a chat reading would lose)."""
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and isinstance(m.get("value"), str) and any(tag in m["value"] for tag in HERMES_MARKUP)
+        for m in messages)
+
+
+def read(row: dict, shape: str) -> Shape:
+    if shape == "glaive":
+        return glaive(row)
+    if shape == "hermes":
+        return hermes(row)
+    if shape == "xlam":
+        return xlam(row)
+    if shape == "sweagent":
+        raise ShapeNotBuilt("a SWE-agent trajectory (format: sweagent, a 'trajectory' of system/user/ai turns) "
+                            "is to be regenerated on its own history, which is not built yet")
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+# ---------------------------------------------------------------- Glaive
+
+GLAIVE_ROLES = {"USER": "user", "ASSISTANT": "assistant", "FUNCTION RESPONSE": "result"}
+_GLAIVE_TURN = re.compile(r"^(USER|ASSISTANT|FUNCTION RESPONSE):[ \t]?", re.M)
+_END_OF_TEXT = "<|endoftext|>"
+
+
+def glaive(row: dict) -> Shape:
+    system_text = _string(row, "system").removeprefix("SYSTEM:").strip()
+    start = system_text.find("{")
+    tools = _json_objects(system_text[start:], "system") if start >= 0 else None
+    system = None if tools else (system_text or None)  # with functions, the text is their instructions
+    pieces = _GLAIVE_TURN.split(_string(row, "chat"))
+    if pieces[0].strip():
+        raise BadShape("chat", "text before the first USER: / ASSISTANT: / FUNCTION RESPONSE: turn")
+    turns = []
+    for k, (marker, body) in enumerate(zip(pieces[1::2], pieces[2::2], strict=True)):
+        where, text = f"chat[{k}]", body.strip().removesuffix(_END_OF_TEXT).strip()
+        role = GLAIVE_ROLES[marker]
+        if role == "assistant" and "<functioncall>" in text:
+            call = text.split("<functioncall>", 1)[1].strip()
+            turns.append(Turn("call", where, calls=[_glaive_call(call, where)]))
+        else:
+            turns.append(Turn(role, where, text))
+    return Shape(turns, system, tools, "system")
+
+
+def _glaive_call(text: str, where: str) -> dict:
+    """``{"name": ..., "arguments": '{...}'}``: JSON but for the single-quoted arguments (a Python
+    literal then), or with an apostrophe inside them (taken up to the last quote)."""
+    call = _literal(text)
+    if call is None:
+        found = re.fullmatch(r"\{\s*\"name\"\s*:\s*\"([^\"]+)\"\s*,\s*\"arguments\"\s*:\s*'(.*)'\s*\}", text, re.S)
+        if found is None:
+            raise BadShape(where, "<functioncall> is not {\"name\": ..., \"arguments\": ...}")
+        call = {"name": found[1], "arguments": found[2]}
+    if not isinstance(call, dict):
+        raise BadShape(where, "<functioncall> is not {\"name\": ..., \"arguments\": ...}")
+    return call
+
+
+def _json_objects(text: str, where: str) -> list[dict]:
+    """Objects written one after another (Glaive's functions, separated by blank lines)."""
+    decoder, objects, i = json.JSONDecoder(), [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as err:
+            raise BadShape(where, f"function JSON not readable at character {err.pos}: {err.msg}") from None
+        objects.append(value)
+    return objects
+
+
+# ---------------------------------------------------------------- Hermes
+
+HERMES_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                "tool": "result", "function": "result", "observation": "result"}
+
+
+def hermes(row: dict) -> Shape:
+    messages = row.get("conversations")
+    if not isinstance(messages, list) or not messages:
+        raise BadShape("conversations", "expected a non-empty list of messages")
+    system, tools, tools_where, turns = None, None, "conversations", []
+    for i, msg in enumerate(messages):
+        where = f"conversations[{i}]"
+        if not isinstance(msg, dict):
+            raise BadShape(where, "expected an object")
+        role = HERMES_ROLES.get(str(msg.get("from")))
+        if role is None:
+            raise BadShape(f"{where}.from", f"unknown role {msg.get('from')!r}")
+        text = msg.get("value")
+        where = f"{where}.value"
+        if not isinstance(text, str):
+            raise BadShape(where, "missing" if text is None else f"expected a string, got {type(text).__name__}")
+        if role == "system":
+            blocks = _tagged(text, "tools")
+            if blocks:  # the dataset's tool instructions: the tools are sent as structure instead
+                tools = [tool for block in blocks for tool in _hermes_tools(block, where)]
+                tools_where = where
+            else:
+                system = text
+        elif role == "assistant" and (blocks := _tagged(text, "tool_call")):
+            turns.append(Turn("call", where, calls=[_python_or_json(b, where, "<tool_call>") for b in blocks]))
+        elif role == "result":
+            turns.extend(Turn("result", where, b.strip()) for b in (_tagged(text, "tool_response") or [text]))
+        else:
+            turns.append(Turn(role, where, text))
+    return Shape(turns, system, tools, tools_where)
+
+
+def _tagged(text: str, tag: str) -> list[str]:
+    return re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.S)
+
+
+def _hermes_tools(block: str, where: str) -> list:
+    """A ``<tools>`` block: a list of schemas or one schema, as JSON or as Python literals, or schemas one
+    after another."""
+    value = _literal(block.strip())
+    if value is None:
+        value = _json_objects(block.strip(), where)
+    return value if isinstance(value, list) else [value]
+
+
+def _python_or_json(text: str, where: str, what: str) -> Any:
+    value = _literal(text.strip())
+    if value is None:
+        raise BadShape(where, f"{what} is neither JSON nor a Python literal")
+    return value
+
+
+# ---------------------------------------------------------------- xLAM / APIGen
+
+# Python type names xLAM writes, as JSON schema types
+XLAM_TYPES = {"str": "string", "string": "string", "int": "integer", "integer": "integer", "float": "number",
+              "number": "number", "bool": "boolean", "boolean": "boolean", "list": "array", "array": "array",
+              "tuple": "array", "set": "array", "dict": "object", "object": "object", "null": "null",
+              "none": "null"}
+
+
+def xlam(row: dict) -> Shape:
+    query = _string(row, "query")
+    tools = [_xlam_tool(tool, f"tools[{j}]") for j, tool in enumerate(_decoded(row.get("tools"), "tools"))]
+    answers = _decoded(row.get("answers"), "answers")
+    turns = [Turn("user", "query", query)]
+    if answers:  # the dataset's calls; none (an irrelevance row) leaves a plain request with tools
+        turns.append(Turn("call", "answers", calls=answers))
+    return Shape(turns, None, tools)
+
+
+def _decoded(value: Any, where: str) -> list:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise BadShape(where, "not valid JSON") from None
+    if not isinstance(value, list):
+        raise BadShape(where, "missing" if value is None else f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _xlam_tool(tool: Any, where: str) -> dict:
+    """``{name, description, parameters: {param: {type, description, default}}}`` as a function schema whose
+    parameters are JSON schema; parameters that already are JSON schema are kept."""
+    if not isinstance(tool, dict):
+        raise BadShape(where, "expected a function (an object with a name)")
+    params = tool.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadShape(f"{where}.parameters", f"expected an object, got {type(params).__name__}")
+    if params.get("type") == "object" and isinstance(params.get("properties"), dict):
+        return {**tool, "parameters": params}
+    properties, required = {}, []
+    for name, spec in params.items():
+        at = f"{where}.parameters.{name}"
+        if not isinstance(spec, dict):
+            raise BadShape(at, f"expected an object with a type, got {type(spec).__name__}")
+        schema, optional = python_type_schema(spec.get("type"), f"{at}.type")
+        schema |= {k: v for k, v in spec.items() if k not in ("type", "required", "optional")}
+        marked = spec.get("required")
+        if marked is True or (marked is None and not optional and not spec.get("optional") and "default" not in spec):
+            required.append(name)
+        properties[name] = schema
+    return {**tool, "parameters": {"type": "object", "properties": properties, "required": required}}
+
+
+def python_type_schema(value: Any, where: str) -> tuple[dict, bool]:
+    """A Python type as xLAM writes it (``str``, ``List[int]``, ``Optional[str]``, ``int, optional``) as JSON
+    schema, and whether it is marked optional. A type JSON schema has no word for (``Callable``, ``Any``)
+    leaves the type open rather than the row refused."""
+    if value is None:
+        return {}, False
+    if not isinstance(value, str):
+        raise BadShape(where, f"expected a type name, got {type(value).__name__}")
+    text, optional = value.strip(), False
+    if re.search(r",\s*optional\s*$", text, re.I):
+        text, optional = re.sub(r",\s*optional\s*$", "", text, flags=re.I).strip(), True
+    found = re.fullmatch(r"(\w+)\s*\[(.*)\]", text, re.S)
+    outer, inner = (found[1].lower(), found[2].strip()) if found else (text.lower(), "")
+    if outer == "optional":
+        return python_type_schema(inner, where)[0], True
+    if outer in ("list", "set", "tuple", "sequence", "iterable") and inner and "," not in inner:
+        return {"type": "array", "items": python_type_schema(inner, where)[0]}, optional
+    json_type = XLAM_TYPES.get(outer)
+    return ({"type": json_type} if json_type else {}), optional
+
+
+# ---------------------------------------------------------------- shared
+
+
+def _string(row: dict, key: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, str):
+        raise BadShape(key, "missing" if value is None else f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _literal(text: str) -> Any:
+    """JSON, else a Python literal (single quotes, True / None), else None."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None

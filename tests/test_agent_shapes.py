@@ -1,0 +1,211 @@
+"""Agent sets in the shapes they are published in (issue 58): Glaive v2, Hermes function-calling v1, xLAM /
+APIGen, SWE-agent trajectories. The fixtures under tests/fixtures/agent_shapes/ are written from each
+dataset's published schema, with its quirks: Glaive's single-quoted arguments, Hermes's Python literals,
+xLAM's Python type names and JSON-string columns."""
+
+import json
+
+import pytest
+
+from draftsmith.config.load import validate_config
+from draftsmith.core.digest import prompt_digest
+from draftsmith.data.agent_shapes import python_type_schema
+from draftsmith.data.datasets import load_configured, load_prompts
+from tests.conftest import REPO
+
+FIXTURES = REPO / "tests" / "fixtures" / "agent_shapes"
+
+
+def rows(shape):
+    return [json.loads(line) for line in (FIXTURES / f"{shape}.jsonl").read_text().splitlines()]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def loaded(path, **kwargs):
+    result = load_prompts(path, **kwargs)
+    assert not result.rejects, [str(r) for r in result.rejects]
+    return result.prompts
+
+
+def function(name, properties, required):
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": properties, "required": required}}}
+
+
+def names(prompt):
+    return [t["function"]["name"] for t in prompt.tools]
+
+
+def test_glaive_reads_the_functions_from_system_and_the_transcript_as_turns_calls_and_results():
+    password, plain, email = loaded(FIXTURES / "glaive.jsonl")
+    assert loaded(FIXTURES / "glaive.jsonl", fmt="glaive") == [password, plain, email]
+    assert password.turns == ["I need a new password. Can you generate one for me?",
+                              "I would like it to be 12 characters long."]
+    assert password.system is None  # the functions' instructions: the template writes its own
+    assert password.tools[0]["function"]["parameters"]["required"] == ["length"]
+    # the call (single-quoted arguments) answered by its FUNCTION RESPONSE, in the second user turn's stretch
+    assert password.tool_steps == [[], [[{"name": "generate_password", "content": '{"password": "aB3$fG7!kL9@"}'}]]]
+    assert plain.tools is None and plain.tool_steps is None
+    assert plain.system == "You are a helpful assistant, with no access to external functions."
+    assert plain.turns == ["Can you explain the difference between a list and a tuple in Python?"]
+    # two functions one after another; an apostrophe inside the single-quoted arguments
+    assert names(email) == ["generate_password", "send_email"]
+    assert email.tool_steps == [[[{"name": "send_email", "content": '{"status": "sent"}'}]]]
+
+
+def test_hermes_reads_tools_calls_and_responses_and_leaves_out_the_tool_instructions():
+    multi, single, parallel = loaded(FIXTURES / "hermes.jsonl", fmt="hermes")
+    assert multi.turns == ["What is Apple's stock price right now?", "Thanks!"]
+    assert multi.system is None and single.system is None  # never the tools twice, as text and as structure
+    stock = function("get_stock_price", {"symbol": {"type": "string", "description": "The stock symbol, e.g. AAPL"}},
+                     ["symbol"])
+    stock["function"]["description"] = "Get the current stock price"
+    assert multi.tools == [stock]  # from Python literals
+    response = '{"name": "get_stock_price", "content": {"symbol": "AAPL", "price": 189.3}}'
+    assert multi.tool_steps == [[[{"name": "get_stock_price", "content": response}]], []]
+    assert names(single) == ["set_light"] and single.tool_steps == [[]]  # two calls, no results: ends at its call
+    assert [r["content"] for r in parallel.tool_steps[0][0]] == [
+        '{"name": "set_light", "content": "kitchen on"}', '{"name": "set_light", "content": "hall on"}']
+
+
+def test_hermes_tools_appear_once_under_text_rendering():
+    """tokenize.tool_rendering: text writes its own <tools> block into the system prompt (as generation sends
+    it): the dataset's tool instructions, left out, must not put a second one beside it."""
+    from draftsmith.data.chat import text_rendering
+
+    for prompt in loaded(FIXTURES / "hermes.jsonl", fmt="hermes"):
+        messages = ([{"role": "system", "content": prompt.system}] if prompt.system else []) + \
+            [{"role": "user", "content": prompt.turns[0]}]
+        rendered = "".join(m["content"] for m in text_rendering(messages, prompt.tools))
+        assert rendered.count("<tools>") == 1 and rendered.count(prompt.tools[0]["function"]["name"]) == 1
+
+
+def test_a_sharegpt_row_with_hermes_markup_is_refused_under_auto_and_read_as_chat_when_asked():
+    result = load_prompts(FIXTURES / "hermes.jsonl")
+    assert not result.prompts and len(result.rejects) == 3
+    assert all(r.field == "conversations" and "format: hermes" in r.reason for r in result.rejects)
+    as_chat = load_prompts(FIXTURES / "hermes.jsonl", fmt="conversations")  # as read before: digests stay
+    assert [r.reason for r in as_chat.rejects] == ["a tool result with no call before it"] * 2  # the call is text
+    (single,) = as_chat.prompts
+    row = rows("hermes")[1]
+    assert single.tools is None and single.digest == prompt_digest(
+        ["Turn on the kitchen and the hall lights."], row["conversations"][0]["value"])
+
+
+def test_xlam_turns_python_types_into_json_schema_and_keeps_the_answers_as_calls(tmp_path):
+    giveaways, largest, irrelevant = loaded(FIXTURES / "xlam.jsonl")
+    assert loaded(FIXTURES / "xlam.jsonl", fmt="xlam") == [giveaways, largest, irrelevant]
+    assert [p.id for p in (giveaways, largest, irrelevant)] == ["1", "2", "3"]
+    assert giveaways.turns == ["Where can I find live giveaways for beta access and games?"]
+    assert giveaways.tools[0]["function"]["parameters"] == {"type": "object", "properties": {"type": {
+        "type": "string", "description": "The type of giveaways to retrieve (e.g., game, loot, beta).",
+        "default": "game"}}, "required": []}
+    invest = largest.tools[1]["function"]["parameters"]
+    assert largest.tools[0]["function"]["parameters"]["properties"]["nums"]["type"] == "array"
+    assert {k: v["type"] for k, v in invest["properties"].items()} == {
+        "principal": "number", "rate": "number", "years": "integer", "currency": "string", "compound": "boolean",
+        "meta": "object", "tags": "array"}
+    assert invest["required"] == ["principal", "tags"]  # neither a default nor marked optional
+    assert invest["properties"]["compound"]["default"] is True
+    # the answers are the row's calls, with no results: the conversation ends at the target's call
+    assert giveaways.tool_steps == largest.tool_steps == irrelevant.tool_steps == [[]]
+    bad = rows("xlam")[0] | {"answers": json.dumps([{"arguments": {"type": "beta"}}])}
+    (reject,) = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [bad])).rejects
+    assert (reject.field, reject.reason) == ("answers.name", "missing")
+
+
+@pytest.mark.parametrize("written, schema, optional", [
+    ("str", {"type": "string"}, False),
+    ("List[int]", {"type": "array", "items": {"type": "integer"}}, False),
+    ("List[List[float]]", {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}, False),
+    ("Optional[str]", {"type": "string"}, True),
+    ("int, optional", {"type": "integer"}, True),
+    ("Dict[str, int]", {"type": "object"}, False),
+    ("Tuple[float, float]", {"type": "array"}, False),
+    ("Callable[[float], float]", {}, False),  # no JSON schema word: the type is left open, the row kept
+    ("integer", {"type": "integer"}, False),
+])
+def test_xlam_type_names(written, schema, optional):
+    assert python_type_schema(written, "t") == (schema, optional)
+
+
+def test_a_sweagent_trajectory_is_refused_naming_the_shape_never_prompt_missing():
+    for fmt in ("auto", "sweagent"):
+        with pytest.raises(ValueError, match=r"sweagent.jsonl: row 1: a SWE-agent trajectory .*not built yet"):
+            load_prompts(FIXTURES / "sweagent.jsonl", fmt=fmt)
+
+
+def test_an_explicit_prompt_field_wins_over_detection(tmp_path):
+    """Projects that read these sets through a prompt column before keep their prompts and digests."""
+    (query,) = loaded(write_jsonl(tmp_path / "x.jsonl", rows("xlam")[:1]), prompt_field="query")
+    raw_tools = json.loads(rows("xlam")[0]["tools"])
+    assert query.tools == [{"type": "function", "function": raw_tools[0]}]  # as before: not turned into schema
+    (chat,) = loaded(write_jsonl(tmp_path / "g.jsonl", rows("glaive")[:1]), prompt_field="chat")
+    assert chat.turns == [rows("glaive")[0]["chat"]] and chat.tools is None
+
+
+CALLS_NO_TOOLS = {"id": "no-tools", "conversations": [
+    {"from": "human", "value": "Weather in Paris?"},
+    {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+    {"from": "observation", "value": "sunny"}, {"from": "gpt", "value": "Sunny."}]}
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def test_a_row_with_calls_and_no_tools_is_refused_unless_the_set_gives_them(tmp_path):
+    path = write_jsonl(tmp_path / "p.jsonl", [CALLS_NO_TOOLS, {"id": "chat", "prompt": "hello"},
+                                              rows("glaive")[0] | {"system": "SYSTEM: no functions here."}])
+    result = load_prompts(path)
+    assert [p.id for p in result.prompts] == ["chat"]
+    assert [(r.row, r.field) for r in result.rejects] == [(1, "tools"), (3, "tools")]
+    assert "datasets.<name>.tools" in result.rejects[0].reason
+    given = load_prompts(path, tools=[WEATHER])
+    assert not given.rejects
+    assert all(p.tools == [{"type": "function", "function": WEATHER}] for p in given.prompts)
+    assert given.prompts[0].tool_steps == [[[{"name": "get_weather", "content": "sunny"}]]]
+    assert given.prompts[1].tool_steps == [[]]
+    own = loaded(FIXTURES / "xlam.jsonl", tools=[WEATHER])  # a row's own tools win
+    assert names(own[0]) == ["live_giveaways_by_type"]
+
+
+def test_the_sets_tools_are_a_setting_that_is_absent_unless_set(tmp_path):
+    config = {"target": {"name": "t", "source": "x"}, "datasets": {"a": {"source": "a.jsonl"}},
+              "evaluation": {"prompt_sets": {"b": {"source": "b.jsonl"}}}}
+    assert "tools" not in validate_config(config)["datasets"]["a"]  # so not in a finished project's params
+    config["datasets"]["a"] |= {"tools": [WEATHER], "format": "conversations"}
+    entry = validate_config(config)["datasets"]["a"]
+    write_jsonl(tmp_path / "a.jsonl", [CALLS_NO_TOOLS])
+    assert load_configured(entry, tmp_path).prompts[0].tools == [{"type": "function", "function": WEATHER}]
+    smk = (REPO / "rules" / "common.smk").read_text()
+    assert '"tools",\n)' in smk and "if k in entry" in smk  # a source key, in params only where set
+
+
+MALFORMED = [
+    ("glaive", {"chat": "USER: hi\n\n\nASSISTANT: <functioncall> get_password(12) <|endoftext|>"}, "chat[1]",
+     "<functioncall> is not"),
+    ("glaive", {"system": "SYSTEM: functions -\n{\"name\": \"f\",}"}, "system", "function JSON not readable"),
+    ("glaive", {"chat": "hello\nUSER: hi"}, "chat", "text before the first"),
+    ("hermes", {"conversations": [{"from": "system", "value": "<tools>[{'name': 'f'}]</tools>"},
+                                  {"from": "human", "value": "go"},
+                                  {"from": "gpt", "value": "<tool_call>{name: f}</tool_call>"}]},
+     "conversations[2].value", "neither JSON nor a Python literal"),
+    ("hermes", {"conversations": [{"from": "system", "value": "<tools>[{'type': 'function'}]</tools>"},
+                                  {"from": "human", "value": "go"}]},
+     "conversations[0].value (tools[0].function)", "expected a function schema"),
+    ("hermes", {"conversations": [{"from": "human", "value": "go"}, {"from": "tool", "value": "x"}]},
+     "conversations[1].value", "a tool result with no call before it"),
+    ("xlam", {"tools": "[{"}, "tools", "not valid JSON"),
+    ("xlam", {"tools": json.dumps([{"name": "f", "parameters": {"x": "str"}}])}, "tools[0].parameters.x",
+     "expected an object with a type"),
+]
+
+
+@pytest.mark.parametrize("shape, change, field, reason", MALFORMED)
+def test_malformed_rows_of_each_shape_are_rejected_naming_the_field(shape, change, field, reason, tmp_path):
+    result = load_prompts(write_jsonl(tmp_path / "p.jsonl", [rows(shape)[0] | change]), fmt=shape)
+    assert [(r.row, r.field) for r in result.rejects] == [(1, field)] and reason in result.rejects[0].reason, \
+        [str(r) for r in result.rejects]
+
