@@ -30,6 +30,7 @@ from draftsmith.generation.generate import (
     tool_options,
 )
 from draftsmith.generation.server import ServerSpec, check_tool_call_parser, generation_spec
+from draftsmith.generation.tool_pairing import pair_calls
 from tests.conftest import REPO
 from tests.sim.tool_server import ToolSim
 from tests.tiny_targets import QWEN3_TOKENIZER
@@ -108,7 +109,7 @@ def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim
                                                                              caplog):
     later = [[result("a")]]  # the second user turn is never asked
     stats = run(sim, [T("p", [f"go {script}", "and then? calls=a"], [steps, later])], tmp_path)
-    assert "1 of 1 conversations with tools were cut" in caplog.text  # most of the set cut: the job says so
+    assert "tool_call_parser" not in caplog.text  # the target's choice, counted: no parser to blame
     record = records(tmp_path)["p"]
     assert record["cut"] == reason and stats["cuts_by_reason"] == {reason: 1}
     assert record["messages"][-1]["role"] == "assistant" and record["messages"][-1]["tool_calls"]  # kept, unanswered
@@ -119,17 +120,113 @@ def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim
 def test_parallel_calls_are_answered_by_name_in_whatever_order_the_model_makes_them():
     """A target that calls [b, a] where the dataset's step holds [a, b] (parallel calls have no order), or calls b
     alone, gets b's result, not a cut; two calls of one name take that name's results in order."""
-    from draftsmith.generation.generate import pair_calls
-
     def call(name: str, i: int) -> dict:
         return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
 
     step = [{"name": "a", "content": "A1"}, {"name": "b", "content": "B"}, {"name": "a", "content": "A2"}]
-    cut, answers = pair_calls([call("b", 0), call("a", 1), call("a", 2)], [list(step)])
-    assert cut is None and [(m["tool_call_id"], m["content"]) for m in answers] == [("c0", "B"), ("c1", "A1"),
-                                                                                     ("c2", "A2")]
-    assert pair_calls([call("b", 0)], [list(step)])[1][0]["content"] == "B"
-    assert pair_calls([call("a", 0), call("a", 1), call("a", 2)], [list(step)])[0] == "other_function"
+    pairing = pair_calls([call("b", 0), call("a", 1), call("a", 2)], [list(step)])
+    assert pairing.cut is None and [(m["tool_call_id"], m["content"]) for m in pairing.answers] == [
+        ("c0", "B"), ("c1", "A1"), ("c2", "A2")]
+    assert pair_calls([call("b", 0)], [list(step)]).answers[0]["content"] == "B"
+    assert pair_calls([call("a", 0), call("a", 1), call("a", 2)], [list(step)]).cut == "other_function"
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "units": {"type": "string", "default": "metric"}, "days": {"type": "integer"}}}}}]
+
+
+def weather_call(i: int, arguments: dict | str) -> dict:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": text}}
+
+
+def weather(city: str, **more) -> dict:
+    return {"name": "get_weather", "arguments": {"city": city, **more}, "content": f"weather of {city}"}
+
+
+def test_a_result_goes_to_the_call_of_its_arguments_and_parallel_calls_pair_by_them():
+    """Issue 57: a target asking for London where the dataset asked for Paris was handed Paris's result, and two
+    parallel calls of one function in the other order got each other's results."""
+    london = pair_calls([weather_call(0, {"city": "London"})], [[weather("Paris")]], WEATHER)
+    assert london.cut == "other_arguments" and not london.answers
+    semi = pair_calls([weather_call(0, {"city": "London"})], [[weather("Paris")]], WEATHER, unmatched="by_name")
+    assert semi.cut is None and semi.by_name == 1 and semi.answers[0]["content"] == "weather of Paris"
+    swapped = pair_calls([weather_call(0, {"city": "Oslo"}), weather_call(1, {"city": "Paris"})],
+                         [[weather("Paris"), weather("Oslo")]], WEATHER)
+    assert [(m["tool_call_id"], m["content"]) for m in swapped.answers] == [("c0", "weather of Oslo"),
+                                                                            ("c1", "weather of Paris")]
+    # by_name takes what no call's own arguments claim: Oslo's call keeps Oslo's result
+    mixed = pair_calls([weather_call(0, {"city": "Rome"}), weather_call(1, {"city": "Oslo"})],
+                       [[weather("Oslo"), weather("Paris")]], WEATHER, unmatched="by_name")
+    assert [m["content"] for m in mixed.answers] == ["weather of Paris", "weather of Oslo"] and mixed.by_name == 1
+
+
+@pytest.mark.parametrize(("called", "dataset", "same"), [
+    ('{"days": 2, "city": "Paris"}', {"city": "Paris", "days": 2}, True),  # key order ignored
+    ({"city": "Paris", "days": 2.0}, {"city": "Paris", "days": 2}, True),  # numbers by value
+    ({"city": "Paris", "units": "metric"}, {"city": "Paris"}, True),  # left out at the schema's default
+    ({"city": "Paris"}, {"city": "Paris", "units": "metric"}, True),
+    ({"city": "Paris", "units": "imperial"}, {"city": "Paris"}, False),
+    ({"city": "Paris", "days": 1}, {"city": "Paris"}, False),  # no default: absent is not 1
+    ({"city": "Paris", "days": True}, {"city": "Paris", "days": 1}, False),  # a boolean is not a number
+    ({"city": "paris"}, {"city": "Paris"}, False),  # strings exact
+    ("not json", {"city": "Paris"}, False),
+])
+def test_arguments_compare_as_json_objects(called, dataset, same):
+    pairing = pair_calls([weather_call(0, called)], [[weather(**dataset)]], WEATHER)
+    assert (pairing.cut is None) is same and (pairing.cut or "other_arguments") == "other_arguments"
+
+
+def test_a_call_with_other_arguments_cuts_through_the_endpoint_or_is_answered_by_name_and_labelled(sim, tmp_path):
+    prompt = T("p", ["weather? calls=get_weather:city=London"], [[[weather("Paris")]]], tools=WEATHER)
+    stats = run(sim, [prompt], tmp_path)
+    record = records(tmp_path)["p"]
+    assert record["cut"] == "other_arguments" and record["messages"][-1]["tool_calls"]  # its turn kept
+    assert stats["cuts_by_reason"] == {"other_arguments": 1} and stats["results_by_name"] == 0
+    semi = tmp_path / "semi"
+    stats = run(sim, [prompt], semi, unmatched_calls="by_name")
+    record = records(semi)["p"]
+    assert "cut" not in record and record["results_by_name"] == 1 and stats["results_by_name"] == 1
+    assert [m["content"] for m in record["messages"] if m["role"] == "tool"] == ["weather of Paris"]
+
+
+def test_unmatched_calls_names_the_journal_only_where_it_changes_answers():
+    base = GenerationSettings()
+    assert settings_key("m", GenerationSettings(unmatched_calls="cut")) == settings_key("m", base)
+    assert settings_key("m", GenerationSettings(unmatched_calls="by_name")) != settings_key("m", base)
+    with pytest.raises(ValueError, match=r"generation\.unmatched_calls: 'execute' is not one of cut, by_name"):
+        GenerationSettings(unmatched_calls="execute")
+
+
+def test_a_conversation_whose_data_ends_at_a_call_ends_at_the_targets_calls_uncut(sim, tmp_path, caplog):
+    """A single-turn tool set (BFCL simple, xLAM, a prompt with tools) has no result after its call: the target's
+    call ends the conversation, counted as ends_at_call, no cut and no warning. Where the data goes on (a later
+    turn, or an answer after the results) a call beyond the results stays a cut."""
+    single = Prompt("single", ["weather? calls=a"], tools=TOOLS, tool_steps=[[]], open_end=True)
+    trajectory = T("trajectory", ["go calls=a,b"], [[[result("a")]]])  # its data stops at an unanswered call
+    trajectory = Prompt(trajectory.id, trajectory.turns, tools=TOOLS, tool_steps=trajectory.tool_steps, open_end=True)
+    goes_on = Prompt("goes_on", ["first calls=a", "second"], tools=TOOLS, tool_steps=[[], []], open_end=True)
+    answered = T("answered", ["go calls=a,b"], [[[result("a")]]])  # the data answered in text after a's result
+    stats = run(sim, [single, trajectory, goes_on, answered], tmp_path)
+    got = records(tmp_path)
+    assert got["single"]["ends_at_call"] is True and "cut" not in got["single"]
+    assert [m["role"] for m in got["single"]["messages"]] == ["user", "assistant"]
+    assert got["trajectory"]["ends_at_call"] is True and got["trajectory"]["tool_calls"] == 2
+    assert got["goes_on"]["cut"] == "more_calls_than_results" and "ends_at_call" not in got["goes_on"]
+    assert got["answered"]["cut"] == "more_calls_than_results"
+    assert stats["ends_at_call"] == 2 and stats["cuts_by_reason"] == {"more_calls_than_results": 2}
+    assert "tool_call_parser" not in caplog.text
+
+
+def test_call_markup_no_parser_read_is_counted_and_warned_about(tmp_path, caplog):
+    """The endpoint's parser did not read the target's calls (here: none ran, the calls stay in the text)."""
+    with ToolSim(text=True) as sim:
+        stats = run(sim, [T("p", ["weather? calls=a"], [[[result("a")]]])], tmp_path, tool_call_parser="hermes")
+    record = records(tmp_path)["p"]
+    assert record["unparsed_call_markup"] == 1 and record["tool_calls"] == 0 and "cut" not in record
+    assert stats["unparsed_call_markup"] == 1
+    assert "1 of 1 conversations with tools hold a turn whose text has the tool-call parser's markup" in caplog.text
+    assert "check target.tool_call_parser" in caplog.text
 
 
 def test_fewer_calls_is_a_natural_end_and_the_next_user_turn_follows(sim, tmp_path):

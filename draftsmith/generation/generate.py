@@ -20,13 +20,19 @@ Semantics (documented in docs/stages.md):
   them. A reasoning model cut while thinking (``content: null``) is a truncated answer. A turn
   cut by ``max_tokens`` ends a multi-turn conversation: later turns would build on a cut answer.
 - **Tool calls.** A row with tools sends them on every request (``tool_choice: auto``). The model's
-  calls are paired in order with the dataset's next step of results within the stretch up to the
-  next user turn, and each paired call gets its result as a ``tool`` message before the model is
-  asked again. A call that cannot be paired cuts the conversation there, keeping the turn that
-  made it (its tokens are the model's own): ``other_function`` (a name the step does not have in
-  that place), ``more_calls_than_results`` (no step left), ``parallel_calls`` (more calls in one
-  turn than the step has results; fewer are paired with the first). A stretch the model ends with
-  steps unused is a natural end (``fewer_calls``), counted apart, and the next user turn follows.
+  calls are paired with the dataset's next step of results within the stretch up to the next user
+  turn, each with the result of its name and arguments (:mod:`draftsmith.generation.tool_pairing`),
+  and each paired call gets its result as a ``tool`` message before the model is asked again. A call
+  that cannot be paired cuts the conversation there, keeping the turn that made it (its tokens are
+  the model's own): ``other_function`` (a name the step does not have in that place),
+  ``other_arguments`` (its name's result was called with other arguments; ``unmatched_calls:
+  by_name`` answers it all the same, counted as ``results_by_name``), ``more_calls_than_results`` (no
+  step left where the data goes on), ``parallel_calls`` (more calls in one turn than the step has
+  results; fewer are paired with the first). Where the data has nothing after the calls (no result,
+  no later turn: a single-turn tool set, a prompt with tools) the conversation ends at the model's
+  calls, counted as ``ends_at_call``, no cut. A stretch the model ends with steps unused is a natural
+  end (``fewer_calls``), counted apart, and the next user turn follows. A turn whose text holds the
+  parser's call markup with no call read is counted and warned about (the parser did not read it).
   With ``tool_rendering: text`` the tools and results travel as text (no parser on the server) and
   the calls are read from the answer's ``<tool_call>`` blocks. A hosted API returns no token ids:
   there the tool-call tokens are the chat template's rendering (``tool_call_tokens: template``).
@@ -70,6 +76,7 @@ from draftsmith.generation.client import (
     RequestFailed,
     RetryPolicy,
 )
+from draftsmith.generation.tool_pairing import UNMATCHED_CALLS, call_markup, pair_calls
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +109,7 @@ class GenerationSettings:
     return_token_ids: bool = False
     tool_rendering: str = "template"  # tokenize.tool_rendering, for a dataset with tools (see tool_options)
     tool_call_parser: str | None = None  # target.tool_call_parser, where a managed server parses the calls
+    unmatched_calls: str | None = None  # a call whose arguments no result has: None is cut (tool_pairing)
 
     @classmethod
     def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
@@ -127,9 +135,16 @@ class GenerationSettings:
                 **{k: v for k, v in self.extra_body.items() if k in SAMPLING_FIELDS}}
 
     def tool_affecting(self) -> dict[str, Any]:
-        """How tool calls travel: empty for the defaults, so journals without tools keep their names."""
-        return {k: v for k, v in {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser}
-                .items() if v != self.__dataclass_fields__[k].default}
+        """How tool calls travel and are answered: empty for the defaults (``unmatched_calls: cut`` is the
+        default's behaviour), so journals without tools keep their names."""
+        settings = {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser,
+                    "unmatched_calls": None if self.unmatched_calls == "cut" else self.unmatched_calls}
+        return {k: v for k, v in settings.items() if v != self.__dataclass_fields__[k].default}
+
+    def __post_init__(self) -> None:
+        if self.unmatched_calls not in (None, *UNMATCHED_CALLS):
+            raise ValueError(f"generation.unmatched_calls: {self.unmatched_calls!r} is not one of "
+                             f"{', '.join(UNMATCHED_CALLS)}")
 
 
 TOOL_RENDERINGS = ("template", "text")
@@ -355,7 +370,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
         raise GenerationInterrupted(f"{dataset}: interrupted; {resume_hint}")
     _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
     stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
-    _warn_cuts(dataset, stats)
+    _warn_parser(dataset, stats)
     ordered = [run.done[p.id] for p in prompts if _journaled(run.done, p) and run.done[p.id]["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)
@@ -468,15 +483,19 @@ class _Conversation:
     turns: list[dict] = field(default_factory=list)
     tool_calls: int = 0
     cut: str | None = None
+    ends_at_call: bool = False
     fewer_calls: bool = False
+    results_by_name: int = 0
+    unparsed_markup: int = 0  # turns whose text holds the parser's call markup and no call was read
 
 
 async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run) -> _Conversation:
     """Answer a prompt turn by turn on the model's own history; within each user turn's stretch, answer
-    the model's tool calls with the dataset's results until it stops calling or a call cannot be paired.
-    Each stretch loops at most once per dataset step, plus the answer that ends it."""
+    the model's tool calls with the dataset's results until it stops calling, a call cannot be paired or
+    the data ends at a call. Each stretch loops at most once per dataset step, plus the answer that ends it."""
     conv = _Conversation([{"role": "system", "content": prompt.system}] if prompt.system else [])
     stretches = prompt.tool_steps or []
+    markup = call_markup(settings.tool_call_parser, settings.tool_rendering) if prompt.tools else ()
     for index, turn in enumerate(prompt.turns):
         conv.messages.append({"role": "user", "content": turn})
         steps = list(stretches[index]) if index < len(stretches) else []
@@ -486,15 +505,19 @@ async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSett
             conv.messages.append(assistant_message(result, settings.tool_rendering == "text"))
             conv.turns.append(_turn_record(result))
             conv.tool_calls += len(result.tool_calls or [])
+            conv.unparsed_markup += not result.tool_calls and any(m in (result.content or "") for m in markup)
             if result.finish_reason == "length":
                 return conv
             if not result.tool_calls:
                 conv.fewer_calls |= bool(steps)
                 break
-            conv.cut, answers = pair_calls(result.tool_calls, steps)
-            if conv.cut:
+            pairing = pair_calls(result.tool_calls, steps, prompt.tools, settings.unmatched_calls or "cut",
+                                 data_ends_here=prompt.open_end and index == len(prompt.turns) - 1)
+            conv.cut, conv.ends_at_call = pairing.cut, pairing.ends_at_call
+            conv.results_by_name += pairing.by_name
+            if conv.cut or conv.ends_at_call:
                 return conv
-            conv.messages += answers
+            conv.messages += pairing.answers
     return conv
 
 
@@ -518,28 +541,6 @@ def assistant_message(result: ChatResult, as_text: bool) -> dict:
     if result.tool_calls and not as_text:
         answer["tool_calls"] = result.tool_calls
     return answer
-
-
-def pair_calls(calls: list[dict], steps: list[list[dict]]) -> tuple[str | None, list[dict]]:
-    """The ``tool`` messages answering one turn's ``calls`` with the stretch's next dataset step (taken
-    from ``steps``), or the reason they cannot be paired and the conversation is cut. Within a step the
-    calls are matched by function name, in order among calls of one name: parallel calls come in any
-    order (``[b, a]`` answers a step ``[a, b]``), and a subset of the step is answered by its own results."""
-    if not steps:
-        return "more_calls_than_results", []
-    step = steps.pop(0)
-    if len(calls) > len(step):
-        return "parallel_calls", []
-    unused = list(step)
-    answers = []
-    for call in calls:
-        result = next((r for r in unused if r["name"] == call["function"]["name"]), None)
-        if result is None:
-            return "other_function", []
-        unused.remove(result)
-        answers.append({"role": "tool", "tool_call_id": call["id"], "name": result["name"],
-                        "content": result["content"]})
-    return None, answers
 
 
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
@@ -574,7 +575,9 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
 
 def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, latency_s: float) -> dict:
     """The journal's record of a finished conversation. A row with tools also keeps its tools, its
-    call count, its cut (absent when none) and whether it ended with fewer calls than the dataset."""
+    call count, its cut or its end at a call (each absent when none), whether it ended with fewer calls
+    than the dataset, and where they happened, the calls answered by name alone (``results_by_name``:
+    semi-on-policy) and the turns whose text held call markup no parser read."""
     turns = conv.turns
     finish_reasons = [t["finish_reason"] for t in turns]
     truncated = "length" in finish_reasons
@@ -594,6 +597,12 @@ def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, l
             record["tool_rendering"] = settings.tool_rendering
         if conv.cut:
             record["cut"] = conv.cut
+        if conv.ends_at_call:
+            record["ends_at_call"] = True
+        if conv.results_by_name:
+            record["results_by_name"] = conv.results_by_name
+        if conv.unparsed_markup:
+            record["unparsed_call_markup"] = conv.unparsed_markup
     return record
 
 
@@ -608,17 +617,14 @@ def _turn_record(result) -> dict:
     return turn
 
 
-# Above this share of a dataset's conversations with tools cut, the target calls otherwise than the dataset did
-# (another parser, parallel calls, other functions): the kept turns stop early, which the job says, not only the report.
-CUT_WARNING = 0.5
-
-
-def _warn_cuts(dataset: str, stats: dict) -> None:
-    cut = sum(stats["cuts_by_reason"].values())
-    if stats["rows_with_tools"] and cut > CUT_WARNING * stats["rows_with_tools"]:
-        log.warning("%s: %d of %d conversations with tools were cut where the target's calls had no result in the "
-                    "dataset (%s): their turns are kept up to the cut; check target.tool_call_parser and the "
-                    "dataset's functions", dataset, cut, stats["rows_with_tools"], stats["cuts_by_reason"])
+def _warn_parser(dataset: str, stats: dict) -> None:
+    """A turn whose text holds the parser's own call markup but no call was read: the target called a tool
+    and the endpoint's parser (another one, or none) did not read it, so the conversation went on as if it had
+    answered. The job says so, not only the report. Cuts and ends at a call are the target's choices: counted."""
+    if stats["unparsed_call_markup"]:
+        log.warning("%s: %d of %d conversations with tools hold a turn whose text has the tool-call parser's markup "
+                    "and no call was read from it: check target.tool_call_parser", dataset,
+                    stats["unparsed_call_markup"], stats["rows_with_tools"])
 
 
 def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
@@ -636,7 +642,10 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "rows_with_tools": sum("tool_calls" in r for r in ok),
         "tool_calls": sum(r.get("tool_calls", 0) for r in ok),
         "cuts_by_reason": dict(Counter(r["cut"] for r in ok if "cut" in r)),
+        "ends_at_call": sum("ends_at_call" in r for r in ok),
         "fewer_calls": sum(bool(r.get("fewer_calls")) for r in ok),
+        "results_by_name": sum(r.get("results_by_name", 0) for r in ok),
+        "unparsed_call_markup": sum("unparsed_call_markup" in r for r in ok),
         "tool_call_token_source": dict(Counter(r["tool_call_tokens"] for r in ok if "tool_call_tokens" in r)),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
