@@ -51,7 +51,7 @@ def outputs(tmp_path):
                    tmp_path / "journal" / "j.jsonl")
 
 
-def run(sim, prompts, tmp_path, **settings):
+def run(sim, prompts, tmp_path, context=None, **settings):
     settings = GenerationSettings(**{"concurrency": 4, "request_timeout_s": 5.0, "max_error_fraction": 0.0,
                                      "return_token_ids": True, **settings})
     client = make_client(sim.base_url, "m", settings, None, None)
@@ -60,7 +60,7 @@ def run(sim, prompts, tmp_path, **settings):
     async def go():
         try:
             return await generate(prompts, client, settings, outputs(tmp_path), max_samples=None, token_budget=None,
-                                  dataset="d")
+                                  dataset="d", context=context)
         finally:
             await client.aclose()
 
@@ -457,3 +457,40 @@ def test_tool_calls_are_read_in_openai_shape_whatever_the_server_sends():
 
 def test_a_parser_plugin_of_the_users_own_is_not_checked():
     check_tool_call_parser("vllm", "mine", ["--tool-parser-plugin=/x/my_parser.py"])  # no vLLM import, no error
+
+
+class WordTokenizer:
+    """A template that joins the messages' roles and contents (and the tools' names) and a token per word: enough to
+    count a prompt against a context as the target's tokenizer would."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, tools=None, **kwargs):
+        text = " ".join(f"{m['role']}: {m.get('content') or ''}" for m in messages)
+        return text + " " + " ".join(t["function"]["name"] for t in tools or []) + (" assistant:" if
+                                                                                   add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": list(range(len(text.split())))}
+
+
+def test_a_conversation_that_outgrows_the_context_ends_there_and_is_no_error(sim, tmp_path):
+    """Issue 57: the server refused the turn that passed the context, the row became an error, and above
+    max_error_fraction the job failed. Now the turn is not sent: the conversation ends with its earlier turns
+    (the tool results and the user turn that would not fit dropped), or, when even its first prompt does not
+    fit, is journaled as dropped_context; neither is an error."""
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+
+    long_turn = "word " * 40
+    prompts = [Prompt("chat", ["short question", long_turn]),
+               T("tools", ["go calls=a", "more"], [[[result("a", "x " * 40)]], []]),
+               Prompt("too_long", [long_turn])]
+    context = ContextLimit(30, Renderer(WordTokenizer()))
+    stats = run(sim, prompts, tmp_path, context=context)
+    got = records(tmp_path)
+    assert got["chat"]["ends_at_context"] is True and [m["role"] for m in got["chat"]["messages"]] == ["user",
+                                                                                                      "assistant"]
+    assert got["tools"]["ends_at_context"] is True and "cut" not in got["tools"]
+    assert [m["role"] for m in got["tools"]["messages"]] == ["user", "assistant"]  # its call kept, the result not sent
+    assert "too_long" not in got and stats["dropped_context"] == 1 and stats["ends_at_context"] == 2
+    assert stats["errors"] == 0 and stats["records"] == 2
+    assert not any(long_turn in m["content"] for body in sim.requests for m in body["messages"] if m["content"])

@@ -487,12 +487,16 @@ def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
 
 
 def _generation(generation_stats: dict[str, dict]) -> list[str]:
+    """Per dataset: what regeneration kept, failed, retried, truncated and dropped, and the conversations ended
+    where their next prompt would not fit the target's context (``–`` in stats from before that was counted)."""
     lines = ["## Response generation", "",
-             "| dataset | records | errors | retries | truncated kept | dropped | with reasoning | completion tokens | "
-             "p50 s | p95 s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| dataset | records | errors | retries | truncated kept | dropped | ended at the context (dropped) | "
+             "with reasoning | completion tokens | p50 s | p95 s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, st in generation_stats.items():
+        context = f"{st['ends_at_context']} ({st['dropped_context']})" if "ends_at_context" in st else "–"
         lines.append(f"| {name} | {st['records']} | {st['errors']} | {st['retries']} | "
-                     f"{st['truncated_kept']} | {st['dropped_truncated']} | {st['reasoning_records']} | "
+                     f"{st['truncated_kept']} | {st['dropped_truncated']} | {context} | {st['reasoning_records']} | "
                      f"{st['completion_tokens']} | {_fmt(st['latency_p50_s'])} | {_fmt(st['latency_p95_s'])} |")
     return lines
 

@@ -36,6 +36,11 @@ Semantics (documented in docs/stages.md):
   With ``tool_rendering: text`` the tools and results travel as text (no parser on the server) and
   the calls are read from the answer's ``<tool_call>`` blocks. A hosted API returns no token ids:
   there the tool-call tokens are the chat template's rendering (``tool_call_tokens: template``).
+- **A conversation that outgrows the context ends.** Before each request the prompt is counted with
+  the target's tokenizer and template (:class:`ContextLimit`); one that leaves no room for an answer
+  token is not sent: the conversation ends there, its earlier turns kept (``ends_at_context``), or,
+  when its first request already does not fit, is journaled as ``dropped_context``. Neither is an
+  error, so neither counts against ``max_error_fraction``.
 - **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
   checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
   stops the run, journal kept, with the likely cause and the setting that fixes it.
@@ -66,7 +71,7 @@ from tqdm import tqdm
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.core.digest import ids_digest, json_digest
-from draftsmith.data.chat import parse_text_tool_calls, text_rendering
+from draftsmith.data.chat import Renderer, parse_text_tool_calls, prepare_messages, text_rendering
 from draftsmith.data.datasets import Prompt
 from draftsmith.generation.client import (
     ChatClient,
@@ -213,6 +218,28 @@ def tool_options(prompts: list[Prompt], parser: str | None, rendering: str, mana
     return {"tool_rendering": rendering, "tool_call_parser": parser}
 
 
+@dataclass(frozen=True)
+class ContextLimit:
+    """The target's context (``tokens``: the server's max_model_len, else the model's own) and a request's prompt
+    counted as the server renders it, with the target's tokenizer and chat template. vLLM answers a prompt up to
+    one token short of the context (it shortens max_tokens to fit) and refuses a longer one, which made the
+    conversation an error."""
+
+    tokens: int
+    renderer: Renderer
+    tool_rendering: str = "template"
+
+    def leaves_no_room(self, messages: list[dict], tools: list[dict] | None) -> bool:
+        """Whether the prompt leaves no room for one answer token. A rendering of fewer bytes than the context
+        fits without tokenizing (a token spans at least a byte)."""
+        if tools and self.tool_rendering == "text":
+            messages, tools = text_rendering(messages, tools), None
+        text = self.renderer.with_tools(tools).text(prepare_messages(messages, "template"), True)
+        if len(text.encode()) < self.tokens:
+            return False
+        return len(self.renderer.ids(text)) >= self.tokens
+
+
 def settings_key(model_name: str, settings: GenerationSettings) -> str:
     """Names the journal: everything that changes an answer, nothing about where files live."""
     tools = settings.tool_affecting()
@@ -328,13 +355,15 @@ class Limits:
 async def generate(prompts: list[Prompt], client: ChatClient | None, settings: GenerationSettings, outputs: Outputs,
                    *, max_samples: int | None, token_budget: int | None, dataset: str,
                    server_exit: Callable[[], str | None] | None = None,
-                   early_check: Callable[[list[dict]], str | None] | None = None) -> dict:
+                   early_check: Callable[[list[dict]], str | None] | None = None,
+                   context: ContextLimit | None = None) -> dict:
     """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically.
 
     ``client`` may be None when :func:`has_work` said there is nothing to send. ``server_exit``
     returns a message once a managed server has exited, which stops the run at once.
     ``early_check`` returns a message when the run's first answers would fail tokenization: it is
     called once, with the first ``EARLY_CHECK_ANSWERS`` (or all, when the run answers fewer).
+    ``context`` ends a conversation whose next prompt would not fit the target's context (None: not checked).
     """
     journal = Journal(outputs.journal, settings.fsync_every)
     run = _resume(prompts, journal)
@@ -352,7 +381,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
                mininterval=2.0, dynamic_ncols=True)
     watchdog = asyncio.create_task(_watch_server(server_exit, run, stop)) if server_exit else None
     try:
-        await _launch_all(todo, client, settings, journal, run, bar, stop, limits, early_check)
+        await _launch_all(todo, client, settings, journal, run, bar, stop, limits, early_check, context)
         if early_check and run.fresh and not run.early_checked and not stop.is_set():
             run.fatal = early_check(run.fresh)
     finally:
@@ -435,7 +464,8 @@ async def _watch_server(server_exit: Callable[[], str | None], run: _Run, stop: 
 
 async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, journal: Journal, run: _Run, bar,
                       stop: asyncio.Event, limits: Limits,
-                      early_check: Callable[[list[dict]], str | None] | None = None) -> None:
+                      early_check: Callable[[list[dict]], str | None] | None = None,
+                      context: ContextLimit | None = None) -> None:
     """Launch prompts in order, at most ``concurrency`` at once, until done, limits reached or stop."""
     tasks: set[asyncio.Task] = set()
     stopper = asyncio.create_task(stop.wait())
@@ -465,7 +495,7 @@ async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, 
             if stop.is_set() or limits.reached(run):
                 break
             run.in_flight += 1
-            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar)))
+            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar, context)))
         while tasks and not stop.is_set():
             await wait_some()
     finally:
@@ -487,9 +517,19 @@ class _Conversation:
     fewer_calls: bool = False
     results_by_name: int = 0
     unparsed_markup: int = 0  # turns whose text holds the parser's call markup and no call was read
+    ends_at_context: bool = False  # the next request's prompt would not fit the target's context
+
+    def end_at_context(self) -> _Conversation:
+        """End before a request that would not fit: what was to be sent after the last answer (a user turn, tool
+        results) is dropped, so the conversation ends at the model's last turn."""
+        answered = max((i for i, m in enumerate(self.messages) if m["role"] == "assistant"), default=-1)
+        del self.messages[answered + 1:]
+        self.ends_at_context = True
+        return self
 
 
-async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run) -> _Conversation:
+async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run,
+                    context: ContextLimit | None = None) -> _Conversation:
     """Answer a prompt turn by turn on the model's own history; within each user turn's stretch, answer
     the model's tool calls with the dataset's results until it stops calling, a call cannot be paired or
     the data ends at a call. Each stretch loops at most once per dataset step, plus the answer that ends it."""
@@ -500,6 +540,8 @@ async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSett
         conv.messages.append({"role": "user", "content": turn})
         steps = list(stretches[index]) if index < len(stretches) else []
         while True:
+            if context and context.leaves_no_room(conv.messages, prompt.tools):
+                return conv.end_at_context()
             result = await ask(client, conv.messages, prompt, settings.request_body(), settings.tool_rendering)
             run.cost += result.cost or 0.0
             conv.messages.append(assistant_message(result, settings.tool_rendering == "text"))
@@ -544,12 +586,12 @@ def assistant_message(result: ChatResult, as_text: bool) -> dict:
 
 
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
-               bar: tqdm) -> None:
+               bar: tqdm, context: ContextLimit | None = None) -> None:
     run.prompts_this_run += 1
     try:
         begun = time.monotonic()
         try:
-            conv = await _converse(prompt, client, settings, run)
+            conv = await _converse(prompt, client, settings, run, context)
         except RequestFailed as failed:
             run.errors.append({"id": prompt.id, "error_class": failed.error_class, "message": failed.message,
                                "attempts": failed.attempts})
@@ -579,6 +621,9 @@ def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, l
     than the dataset, and where they happened, the calls answered by name alone (``results_by_name``:
     semi-on-policy) and the turns whose text held call markup no parser read."""
     turns = conv.turns
+    if not turns:  # its first request did not fit the context: nothing of the model's to keep
+        return {"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt.digest, "status": "dropped_context",
+                "latency_s": latency_s}
     finish_reasons = [t["finish_reason"] for t in turns]
     truncated = "length" in finish_reasons
     status = "dropped_truncated" if truncated and settings.finish_reason_policy == "drop" else "ok"
@@ -589,6 +634,8 @@ def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, l
               "finish_reasons": finish_reasons, "usage": usage, "turns": turns, "latency_s": latency_s}
     if settings.finish_reason_policy == "mark":
         record["truncated"] = truncated
+    if conv.ends_at_context:
+        record["ends_at_context"] = True
     if prompt.tools or prompt.tool_steps:
         # without the server's token ids, the tokenize stage's template renders the calls
         record |= {"tools": prompt.tools, "tool_calls": conv.tool_calls, "fewer_calls": conv.fewer_calls,
@@ -637,6 +684,8 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "prompts_available": len(prompts),
         "records": len(ok),
         "dropped_truncated": sum(r["status"] == "dropped_truncated" for r in records),
+        "dropped_context": sum(r["status"] == "dropped_context" for r in records),
+        "ends_at_context": sum("ends_at_context" in r for r in ok),
         "truncated_kept": sum("length" in r["finish_reasons"] for r in ok),
         "reasoning_records": sum(any("reasoning" in m for m in r["messages"]) for r in ok),
         "rows_with_tools": sum("tool_calls" in r for r in ok),
