@@ -22,6 +22,7 @@ from draftsmith.generation.client import ChatClient, RetryPolicy
 from draftsmith.generation.generate import (
     KEY_LENGTH,
     RECORD_FORMAT,
+    GenerationFailed,
     GenerationSettings,
     Outputs,
     generate,
@@ -494,3 +495,17 @@ def test_a_conversation_that_outgrows_the_context_ends_there_and_is_no_error(sim
     assert "too_long" not in got and stats["dropped_context"] == 1 and stats["ends_at_context"] == 2
     assert stats["errors"] == 0 and stats["records"] == 2
     assert not any(long_turn in m["content"] for body in sim.requests for m in body["messages"] if m["content"])
+
+
+def test_a_prompt_the_template_cannot_render_to_count_is_an_error_of_its_row(sim, tmp_path):
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+
+    class Refusing(WordTokenizer):
+        def apply_chat_template(self, messages, **kwargs):
+            raise ValueError("roles must alternate")
+
+    with pytest.raises(GenerationFailed, match=r"1 of 1 prompts failed .*first: p: template: the chat template "
+                                               r"cannot render the prompt .*roles must alternate"):
+        run(sim, [Prompt("p", ["hi"])], tmp_path, context=ContextLimit(30, Renderer(Refusing())))
+    assert not sim.requests

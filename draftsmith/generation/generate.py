@@ -234,7 +234,11 @@ class ContextLimit:
         fits without tokenizing (a token spans at least a byte)."""
         if tools and self.tool_rendering == "text":
             messages, tools = text_rendering(messages, tools), None
-        text = self.renderer.with_tools(tools).text(prepare_messages(messages, "template"), True)
+        try:
+            text = self.renderer.with_tools(tools).text(prepare_messages(messages, "template"), True)
+        except Exception as err:  # the template refuses the conversation: so would the server, an error of the row's
+            raise RequestFailed("template", f"the chat template cannot render the prompt to count it against the "
+                                            f"context ({type(err).__name__}: {err})", 0) from None
         if len(text.encode()) < self.tokens:
             return False
         return len(self.renderer.ids(text)) >= self.tokens
