@@ -509,3 +509,28 @@ def test_a_prompt_the_template_cannot_render_to_count_is_an_error_of_its_row(sim
                                                r"cannot render the prompt .*roles must alternate"):
         run(sim, [Prompt("p", ["hi"])], tmp_path, context=ContextLimit(30, Renderer(Refusing())))
     assert not sim.requests
+
+
+def test_the_models_own_ids_with_tools_come_through_an_endpoint_and_spell_its_calls(tmp_path):
+    """Issue 57: the simulator's ids were range(n), so no test took the own-ids path with tools. Here the endpoint
+    returns the ids Qwen3's tokenizer gives for what the model wrote (its calls as Hermes blocks), the record keeps
+    them, and the tokenize stage supervises them: they spell the answers and the calls, none mismatched."""
+    from transformers import AutoTokenizer
+
+    if not (QWEN3_TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"{QWEN3_TOKENIZER} is missing: run envs/test-assets.sh")
+    tokenizer = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    with ToolSim(tokenizer=tokenizer) as sim:
+        run(sim, [CONTRACT], tmp_path, return_token_ids=True)
+    record = records(tmp_path)["p"]
+    assert record["tool_call_tokens"] == "model" and tokenizer.decode(record["turns"][0]["token_ids"]).startswith(
+        '<tool_call>\n{"name": "a"')
+    stats = tokenize_file(tmp_path / "out.jsonl", tokenizer, tmp_path / "t.parquet", tmp_path / "rejects.jsonl", "d",
+                          TokenizeSettings())
+    trip = stats["round_trip"]
+    assert trip["answer_own_tokens"] == 3 and trip["answer_mismatched"] == 0 and trip["prompt_mismatched"] == 0, trip
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    supervised = "".join(tokenizer.decode([t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
+                         for r in rows)
+    assert supervised.count('"name": "a"') == 1 and supervised.count('"name": "b"') == 1
+    assert "sunny-result" not in supervised

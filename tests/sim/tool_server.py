@@ -11,7 +11,9 @@ sleeps S seconds before answering.
 
 With ``text=True`` the calls are written into the content as Hermes ``<tool_call>`` blocks (what a
 model does where the tools are rendered as text and no parser runs), else returned in
-``message.tool_calls``. ``return_token_ids`` gets one made-up id per word of the answer. Every request
+``message.tool_calls``. ``return_token_ids`` gets, with a ``tokenizer``, the ids it gives for the text the
+answer stands for (its content, or its calls as Hermes blocks: what a Qwen3 model writes and the parser
+reads), else one made-up id per word of the answer. Every request
 body is kept in ``requests``. Runs in a thread like :class:`tests.sim.reasoning_server.ReasoningSim`.
 """
 
@@ -56,16 +58,18 @@ class ToolSim(ReasoningSim):
                  for i, name in enumerate(names)]
         message: dict = {"role": "assistant", "content": f"answer {place} done"}
         finish = "tool_calls" if calls else "stop"
+        written = "\n".join(
+            f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n'
+            "</tool_call>" for c in calls) if calls else message["content"]
         if calls and self.text:
-            message["content"] = "\n".join(
-                f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n'
-                "</tool_call>" for c in calls)
+            message["content"] = written
         elif calls:
             message = {"role": "assistant", "content": None, "tool_calls": calls}
         length = re.search(r"length=(\d+)", script)
         if length and int(length.group(1)) == place:
             finish = "length"
-        produced = list(range(len(json.dumps(message).split())))
+        produced = list(self.tokenizer(written, add_special_tokens=False)["input_ids"]) if self.tokenizer \
+            else list(range(len(json.dumps(message).split())))
         choice = {"index": 0, "message": message, "finish_reason": finish}
         prompt_tokens = self._prompt_tokens(body) if self.tokenizer else len(json.dumps(body["messages"]).split())
         payload = {"id": f"sim-{place}", "object": "chat.completion", "model": body.get("model"), "choices": [choice],
