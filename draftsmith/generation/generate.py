@@ -674,7 +674,8 @@ def _warn_parser(dataset: str, stats: dict) -> None:
     answered. The job says so, not only the report. Cuts and ends at a call are the target's choices: counted."""
     if stats["unparsed_call_markup"]:
         log.warning("%s: %d of %d conversations with tools hold a turn whose text has the tool-call parser's markup "
-                    "and no call was read from it: check target.tool_call_parser", dataset,
+                    "and no call was read from it: check target.tool_call_parser (with tokenize.tool_rendering: "
+                    "text, the model wrote blocks that are not a JSON call)", dataset,
                     stats["unparsed_call_markup"], stats["rows_with_tools"])
 
 
