@@ -8,7 +8,8 @@ and the target's calls answered with the set's results). Prints per set and meth
 over the target alone, tokens per target step, τ, and the tool calls the target made in the window.
 
 Part 2, the cost of a row: the target alone regenerates ``--rows`` rows of each set as ``generate`` does (tool results
-paired, cuts by reason) and prints per set: prompt and completion tokens per row, seconds per row, tool calls and cuts.
+paired by name and arguments, cuts by reason, ends at a call) and prints per set: prompt and completion tokens per
+row, seconds per row, tool calls, cuts and ends at a call.
 
 A target whose chat template ignores tools (SmolLM2, the demo's) gets them as text (``tokenize.tool_rendering: text``),
 as a run with that setting would; every other target through its template, with ``--tool-call-parser``.
@@ -100,6 +101,7 @@ def cost(config: dict, sets: dict, rendering: str, parser: str | None, rows_per_
                         "completion_tokens_per_row": stats["completion_tokens"] / records,
                         "seconds_per_row": stats["wall_s_this_run"] / records,
                         "tool_calls": stats.get("tool_calls", 0), "cuts": stats.get("cuts_by_reason", {}),
+                        "ends_at_call": stats.get("ends_at_call", 0),
                         "fewer_calls": stats.get("fewer_calls", 0), "errors": stats["errors"]})
             print(json.dumps(out[-1]), flush=True)
     return out
@@ -123,10 +125,10 @@ def tables(serving_rows: list[dict], cost_rows: list[dict]) -> list[str]:
         lines.append(f"| {r['set']} | {r['method']} | {r['tok_s']:.1f} | {r['tok_s'] / alone[r['set']]:.2f}× | "
                      f"{per_step} | {tau} | {r['tool_calls']} / {r['requests']} | {r['held']} |")
     lines += ["", "| set | rows | prompt tokens / row | completion tokens / row | s / row | tool calls | cuts | "
-              "fewer calls | failed |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+              "ends at a call | fewer calls | failed |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     lines += [f"| {r['set']} | {r['rows']} | {r['prompt_tokens_per_row']:.0f} | {r['completion_tokens_per_row']:.0f} | "
               f"{r['seconds_per_row']:.2f} | {r['tool_calls']} | {dict(Counter(r['cuts'])) or '–'} | "
-              f"{r['fewer_calls']} | {r['errors']} |" for r in cost_rows]
+              f"{r['ends_at_call']} | {r['fewer_calls']} | {r['errors']} |" for r in cost_rows]
     return lines
 
 

@@ -18,7 +18,7 @@ from draftsmith.core import (
 )  # not `platform`: the Snakefile shares Snakemake's globals
 from draftsmith.core.digest import json_digest
 from draftsmith.data.chat import tokenize_params
-from draftsmith.data.datasets import tool_params
+from draftsmith.data.datasets import entry_params, tool_params
 from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
@@ -56,10 +56,9 @@ WORKLOADS = {
     name: entry["workload"]
     for name, entry in RESULT["evaluation"]["prompt_sets"].items()
 }
-# The datasets as the card names them, without their workload labels
+# The datasets as the card names them, without their workload labels and the generation settings added unset
 DATASET_ENTRIES = {
-    name: {k: v for k, v in entry.items() if k != "workload"}
-    for name, entry in RESULT["datasets"].items()
+    name: entry_params(entry) for name, entry in RESULT["datasets"].items()
 }
 # A setting added since a project ran (its default unset), and a label, must not change that project's digest.
 CONFIG_DIGEST = json_digest(
@@ -185,9 +184,7 @@ def prompts_params(wildcards):
 def generation_params(wildcards):
     # workload: a label; the tool settings only where the dataset is a tool workload (datasets.tool_params)
     entry = RESULT["datasets"][wildcards.generated]
-    params = {
-        k: v for k, v in entry.items() if k not in SOURCE_KEYS and k != "workload"
-    }
+    params = {k: v for k, v in entry_params(entry).items() if k not in SOURCE_KEYS}
     return params | tool_params(RESULT, [entry["workload"]])
 
 

@@ -4,12 +4,13 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
-from draftsmith.config.target import load_tokenizer
-from draftsmith.data.chat import TokenizeSettings, ToolTemplateError, early_check, tool_template_problem
+from draftsmith.config.target import facts_without_weights, load_tokenizer
+from draftsmith.data.chat import Renderer, TokenizeSettings, ToolTemplateError, early_check, tool_template_problem
 from draftsmith.data.datasets import read_prompts
 from draftsmith.generation.client import HealthPolicy
 from draftsmith.generation.generate import (
     JOURNAL_DIR,
+    ContextLimit,
     GenerationSettings,
     Outputs,
     generate,
@@ -44,7 +45,7 @@ def main() -> None:
     limits = {"max_samples": entry["max_samples"], "token_budget": entry["token_budget"]}
     if not has_work(prompts, journal, **limits):
         log.info("%s: everything is already journaled or the budget is reached; no server needed", name)
-        asyncio.run(_generate(prompts, None, settings, outputs, limits, name, None, None))
+        asyncio.run(_generate(prompts, None, settings, outputs, limits, name, None, None, None))
         return
     target = target_of(sm)
     tokenizer = load_tokenizer(target)
@@ -53,16 +54,18 @@ def main() -> None:
         if problem:
             raise ToolTemplateError(f"datasets.{name}: {problem}")
     early = partial(early_check, tokenizer, settings=tokenize, template_kwargs=params.chat_template_kwargs, where=name)
+    context = context_limit(target, sm.config["server"]["max_model_len"] if managed else None,
+                            Renderer(tokenizer, params.chat_template_kwargs), tokenize.tool_rendering)
     served = target.model if managed else (gen["served_model"] or target.model)
-    context = managed_server(generation_spec(target, sm.config["server"], gen, settings.tool_call_parser),
+    serving = managed_server(generation_spec(target, sm.config["server"], gen, settings.tool_call_parser),
                              Path(sm.log.server)) \
         if managed else nullcontext(None)
-    with context as server:
+    with serving as server:
         health = HealthPolicy(outage_grace_s=gen["outage_grace_s"])
         client = make_client(server.base_url if server else external_urls(gen), served, settings, gen["api_key_env"],
                              gen["headers"], health=health, max_retry_after_s=gen["max_retry_after_s"])
         stats = asyncio.run(_generate(prompts, client, settings, outputs, limits, name,
-                                      server.exit_message if server else None, early))
+                                      server.exit_message if server else None, early, context))
     log.info("%s: %s", name, stats)
 
 
@@ -78,10 +81,22 @@ def external_urls(gen: dict) -> list[str]:
     return urls
 
 
-async def _generate(prompts, client, settings, outputs, limits, name, server_exit, early):
+def context_limit(target, max_model_len: int | None, renderer: Renderer, tool_rendering: str) -> ContextLimit | None:
+    """The context a request must fit: the managed server's max_model_len, else the target's own (an external
+    endpoint's shorter limit is its own: a refusal there stays an error). None when neither is known."""
+    try:
+        own = facts_without_weights(target).max_position_embeddings
+    except FileNotFoundError as err:
+        log.info("the target's context length is unknown (%s); prompts are not counted against it", err)
+        own = None
+    tokens = min((n for n in (max_model_len, own) if n), default=None)
+    return ContextLimit(tokens, renderer, tool_rendering) if tokens else None
+
+
+async def _generate(prompts, client, settings, outputs, limits, name, server_exit, early, context):
     try:
         return await generate(prompts, client, settings, outputs, dataset=name, server_exit=server_exit,
-                              early_check=early, **limits)
+                              early_check=early, context=context, **limits)
     finally:
         if client is not None:
             await client.aclose()

@@ -126,9 +126,11 @@ def test_a_bfcl_source_loads_as_prompts_with_tools_and_tool_results():
     first = loaded.prompts[0]
     assert first.id == "multi_turn_base_0" and len(first.turns) == 4 and first.tools
     assert [len(stretch) for stretch in first.tool_steps] == [3, 2, 1, 4]  # one step per ground-truth call
-    assert first.tool_steps[0][0] == [{"name": "cd", "content": '{"current_working_directory": "document"}'}]
+    assert first.tool_steps[0][0] == [{"name": "cd", "arguments": {"folder": "document"},
+                                       "content": '{"current_working_directory": "document"}'}]
+    assert first.open_end  # it stops at its last result: a call beyond it ends the conversation, no cut
     simple = load_prompts(resolve_source("bfcl:simple_python", Path(".")))
-    assert len(simple.prompts) == 400 and all(p.tools for p in simple.prompts)
+    assert len(simple.prompts) == 400 and all(p.tools and p.open_end for p in simple.prompts)
 
 
 def test_an_unknown_category_or_a_missing_package_is_a_clear_error(monkeypatch):

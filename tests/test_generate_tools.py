@@ -22,6 +22,7 @@ from draftsmith.generation.client import ChatClient, RetryPolicy
 from draftsmith.generation.generate import (
     KEY_LENGTH,
     RECORD_FORMAT,
+    GenerationFailed,
     GenerationSettings,
     Outputs,
     generate,
@@ -30,6 +31,7 @@ from draftsmith.generation.generate import (
     tool_options,
 )
 from draftsmith.generation.server import ServerSpec, check_tool_call_parser, generation_spec
+from draftsmith.generation.tool_pairing import pair_calls
 from tests.conftest import REPO
 from tests.sim.tool_server import ToolSim
 from tests.tiny_targets import QWEN3_TOKENIZER
@@ -50,7 +52,7 @@ def outputs(tmp_path):
                    tmp_path / "journal" / "j.jsonl")
 
 
-def run(sim, prompts, tmp_path, **settings):
+def run(sim, prompts, tmp_path, context=None, **settings):
     settings = GenerationSettings(**{"concurrency": 4, "request_timeout_s": 5.0, "max_error_fraction": 0.0,
                                      "return_token_ids": True, **settings})
     client = make_client(sim.base_url, "m", settings, None, None)
@@ -59,7 +61,7 @@ def run(sim, prompts, tmp_path, **settings):
     async def go():
         try:
             return await generate(prompts, client, settings, outputs(tmp_path), max_samples=None, token_budget=None,
-                                  dataset="d")
+                                  dataset="d", context=context)
         finally:
             await client.aclose()
 
@@ -108,7 +110,7 @@ def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim
                                                                              caplog):
     later = [[result("a")]]  # the second user turn is never asked
     stats = run(sim, [T("p", [f"go {script}", "and then? calls=a"], [steps, later])], tmp_path)
-    assert "1 of 1 conversations with tools were cut" in caplog.text  # most of the set cut: the job says so
+    assert "tool_call_parser" not in caplog.text  # the target's choice, counted: no parser to blame
     record = records(tmp_path)["p"]
     assert record["cut"] == reason and stats["cuts_by_reason"] == {reason: 1}
     assert record["messages"][-1]["role"] == "assistant" and record["messages"][-1]["tool_calls"]  # kept, unanswered
@@ -119,17 +121,113 @@ def test_a_call_that_cannot_be_paired_cuts_the_conversation_keeping_its_turn(sim
 def test_parallel_calls_are_answered_by_name_in_whatever_order_the_model_makes_them():
     """A target that calls [b, a] where the dataset's step holds [a, b] (parallel calls have no order), or calls b
     alone, gets b's result, not a cut; two calls of one name take that name's results in order."""
-    from draftsmith.generation.generate import pair_calls
-
     def call(name: str, i: int) -> dict:
         return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}
 
     step = [{"name": "a", "content": "A1"}, {"name": "b", "content": "B"}, {"name": "a", "content": "A2"}]
-    cut, answers = pair_calls([call("b", 0), call("a", 1), call("a", 2)], [list(step)])
-    assert cut is None and [(m["tool_call_id"], m["content"]) for m in answers] == [("c0", "B"), ("c1", "A1"),
-                                                                                     ("c2", "A2")]
-    assert pair_calls([call("b", 0)], [list(step)])[1][0]["content"] == "B"
-    assert pair_calls([call("a", 0), call("a", 1), call("a", 2)], [list(step)])[0] == "other_function"
+    pairing = pair_calls([call("b", 0), call("a", 1), call("a", 2)], [list(step)])
+    assert pairing.cut is None and [(m["tool_call_id"], m["content"]) for m in pairing.answers] == [
+        ("c0", "B"), ("c1", "A1"), ("c2", "A2")]
+    assert pair_calls([call("b", 0)], [list(step)]).answers[0]["content"] == "B"
+    assert pair_calls([call("a", 0), call("a", 1), call("a", 2)], [list(step)]).cut == "other_function"
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "units": {"type": "string", "default": "metric"}, "days": {"type": "integer"}}}}}]
+
+
+def weather_call(i: int, arguments: dict | str) -> dict:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": f"c{i}", "type": "function", "function": {"name": "get_weather", "arguments": text}}
+
+
+def weather(city: str, **more) -> dict:
+    return {"name": "get_weather", "arguments": {"city": city, **more}, "content": f"weather of {city}"}
+
+
+def test_a_result_goes_to_the_call_of_its_arguments_and_parallel_calls_pair_by_them():
+    """Issue 57: a target asking for London where the dataset asked for Paris was handed Paris's result, and two
+    parallel calls of one function in the other order got each other's results."""
+    london = pair_calls([weather_call(0, {"city": "London"})], [[weather("Paris")]], WEATHER)
+    assert london.cut == "other_arguments" and not london.answers
+    semi = pair_calls([weather_call(0, {"city": "London"})], [[weather("Paris")]], WEATHER, unmatched="by_name")
+    assert semi.cut is None and semi.by_name == 1 and semi.answers[0]["content"] == "weather of Paris"
+    swapped = pair_calls([weather_call(0, {"city": "Oslo"}), weather_call(1, {"city": "Paris"})],
+                         [[weather("Paris"), weather("Oslo")]], WEATHER)
+    assert [(m["tool_call_id"], m["content"]) for m in swapped.answers] == [("c0", "weather of Oslo"),
+                                                                            ("c1", "weather of Paris")]
+    # by_name takes what no call's own arguments claim: Oslo's call keeps Oslo's result
+    mixed = pair_calls([weather_call(0, {"city": "Rome"}), weather_call(1, {"city": "Oslo"})],
+                       [[weather("Oslo"), weather("Paris")]], WEATHER, unmatched="by_name")
+    assert [m["content"] for m in mixed.answers] == ["weather of Paris", "weather of Oslo"] and mixed.by_name == 1
+
+
+@pytest.mark.parametrize(("called", "dataset", "same"), [
+    ('{"days": 2, "city": "Paris"}', {"city": "Paris", "days": 2}, True),  # key order ignored
+    ({"city": "Paris", "days": 2.0}, {"city": "Paris", "days": 2}, True),  # numbers by value
+    ({"city": "Paris", "units": "metric"}, {"city": "Paris"}, True),  # left out at the schema's default
+    ({"city": "Paris"}, {"city": "Paris", "units": "metric"}, True),
+    ({"city": "Paris", "units": "imperial"}, {"city": "Paris"}, False),
+    ({"city": "Paris", "days": 1}, {"city": "Paris"}, False),  # no default: absent is not 1
+    ({"city": "Paris", "days": True}, {"city": "Paris", "days": 1}, False),  # a boolean is not a number
+    ({"city": "paris"}, {"city": "Paris"}, False),  # strings exact
+    ("not json", {"city": "Paris"}, False),
+])
+def test_arguments_compare_as_json_objects(called, dataset, same):
+    pairing = pair_calls([weather_call(0, called)], [[weather(**dataset)]], WEATHER)
+    assert (pairing.cut is None) is same and (pairing.cut or "other_arguments") == "other_arguments"
+
+
+def test_a_call_with_other_arguments_cuts_through_the_endpoint_or_is_answered_by_name_and_labelled(sim, tmp_path):
+    prompt = T("p", ["weather? calls=get_weather:city=London"], [[[weather("Paris")]]], tools=WEATHER)
+    stats = run(sim, [prompt], tmp_path)
+    record = records(tmp_path)["p"]
+    assert record["cut"] == "other_arguments" and record["messages"][-1]["tool_calls"]  # its turn kept
+    assert stats["cuts_by_reason"] == {"other_arguments": 1} and stats["results_by_name"] == 0
+    semi = tmp_path / "semi"
+    stats = run(sim, [prompt], semi, unmatched_calls="by_name")
+    record = records(semi)["p"]
+    assert "cut" not in record and record["results_by_name"] == 1 and stats["results_by_name"] == 1
+    assert [m["content"] for m in record["messages"] if m["role"] == "tool"] == ["weather of Paris"]
+
+
+def test_unmatched_calls_names_the_journal_only_where_it_changes_answers():
+    base = GenerationSettings()
+    assert settings_key("m", GenerationSettings(unmatched_calls="cut")) == settings_key("m", base)
+    assert settings_key("m", GenerationSettings(unmatched_calls="by_name")) != settings_key("m", base)
+    with pytest.raises(ValueError, match=r"generation\.unmatched_calls: 'execute' is not one of cut, by_name"):
+        GenerationSettings(unmatched_calls="execute")
+
+
+def test_a_conversation_whose_data_ends_at_a_call_ends_at_the_targets_calls_uncut(sim, tmp_path, caplog):
+    """A single-turn tool set (BFCL simple, xLAM, a prompt with tools) has no result after its call: the target's
+    call ends the conversation, counted as ends_at_call, no cut and no warning. Where the data goes on (a later
+    turn, or an answer after the results) a call beyond the results stays a cut."""
+    single = Prompt("single", ["weather? calls=a"], tools=TOOLS, tool_steps=[[]], open_end=True)
+    trajectory = T("trajectory", ["go calls=a,b"], [[[result("a")]]])  # its data stops at an unanswered call
+    trajectory = Prompt(trajectory.id, trajectory.turns, tools=TOOLS, tool_steps=trajectory.tool_steps, open_end=True)
+    goes_on = Prompt("goes_on", ["first calls=a", "second"], tools=TOOLS, tool_steps=[[], []], open_end=True)
+    answered = T("answered", ["go calls=a,b"], [[[result("a")]]])  # the data answered in text after a's result
+    stats = run(sim, [single, trajectory, goes_on, answered], tmp_path)
+    got = records(tmp_path)
+    assert got["single"]["ends_at_call"] is True and "cut" not in got["single"]
+    assert [m["role"] for m in got["single"]["messages"]] == ["user", "assistant"]
+    assert got["trajectory"]["ends_at_call"] is True and got["trajectory"]["tool_calls"] == 2
+    assert got["goes_on"]["cut"] == "more_calls_than_results" and "ends_at_call" not in got["goes_on"]
+    assert got["answered"]["cut"] == "more_calls_than_results"
+    assert stats["ends_at_call"] == 2 and stats["cuts_by_reason"] == {"more_calls_than_results": 2}
+    assert "tool_call_parser" not in caplog.text
+
+
+def test_call_markup_no_parser_read_is_counted_and_warned_about(tmp_path, caplog):
+    """The endpoint's parser did not read the target's calls (here: none ran, the calls stay in the text)."""
+    with ToolSim(text=True) as sim:
+        stats = run(sim, [T("p", ["weather? calls=a"], [[[result("a")]]])], tmp_path, tool_call_parser="hermes")
+    record = records(tmp_path)["p"]
+    assert record["unparsed_call_markup"] == 1 and record["tool_calls"] == 0 and "cut" not in record
+    assert stats["unparsed_call_markup"] == 1
+    assert "1 of 1 conversations with tools hold a turn whose text has the tool-call parser's markup" in caplog.text
+    assert "check target.tool_call_parser" in caplog.text
 
 
 def test_fewer_calls_is_a_natural_end_and_the_next_user_turn_follows(sim, tmp_path):
@@ -360,3 +458,79 @@ def test_tool_calls_are_read_in_openai_shape_whatever_the_server_sends():
 
 def test_a_parser_plugin_of_the_users_own_is_not_checked():
     check_tool_call_parser("vllm", "mine", ["--tool-parser-plugin=/x/my_parser.py"])  # no vLLM import, no error
+
+
+class WordTokenizer:
+    """A template that joins the messages' roles and contents (and the tools' names) and a token per word: enough to
+    count a prompt against a context as the target's tokenizer would."""
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False, tools=None, **kwargs):
+        text = " ".join(f"{m['role']}: {m.get('content') or ''}" for m in messages)
+        return text + " " + " ".join(t["function"]["name"] for t in tools or []) + (" assistant:" if
+                                                                                   add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": list(range(len(text.split())))}
+
+
+def test_a_conversation_that_outgrows_the_context_ends_there_and_is_no_error(sim, tmp_path):
+    """Issue 57: the server refused the turn that passed the context, the row became an error, and above
+    max_error_fraction the job failed. Now the turn is not sent: the conversation ends with its earlier turns
+    (the tool results and the user turn that would not fit dropped), or, when even its first prompt does not
+    fit, is journaled as dropped_context; neither is an error."""
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+
+    long_turn = "word " * 40
+    prompts = [Prompt("chat", ["short question", long_turn]),
+               T("tools", ["go calls=a", "more"], [[[result("a", "x " * 40)]], []]),
+               Prompt("too_long", [long_turn])]
+    context = ContextLimit(30, Renderer(WordTokenizer()))
+    stats = run(sim, prompts, tmp_path, context=context)
+    got = records(tmp_path)
+    assert got["chat"]["ends_at_context"] is True and [m["role"] for m in got["chat"]["messages"]] == ["user",
+                                                                                                      "assistant"]
+    assert got["tools"]["ends_at_context"] is True and "cut" not in got["tools"]
+    assert [m["role"] for m in got["tools"]["messages"]] == ["user", "assistant"]  # its call kept, the result not sent
+    assert "too_long" not in got and stats["dropped_context"] == 1 and stats["ends_at_context"] == 2
+    assert stats["errors"] == 0 and stats["records"] == 2
+    assert not any(long_turn in m["content"] for body in sim.requests for m in body["messages"] if m["content"])
+
+
+def test_a_prompt_the_template_cannot_render_to_count_is_an_error_of_its_row(sim, tmp_path):
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+
+    class Refusing(WordTokenizer):
+        def apply_chat_template(self, messages, **kwargs):
+            raise ValueError("roles must alternate")
+
+    with pytest.raises(GenerationFailed, match=r"1 of 1 prompts failed .*first: p: template: the chat template "
+                                               r"cannot render the prompt .*roles must alternate"):
+        run(sim, [Prompt("p", ["hi"])], tmp_path, context=ContextLimit(30, Renderer(Refusing())))
+    assert not sim.requests
+
+
+def test_the_models_own_ids_with_tools_come_through_an_endpoint_and_spell_its_calls(tmp_path):
+    """Issue 57: the simulator's ids were range(n), so no test took the own-ids path with tools. Here the endpoint
+    returns the ids Qwen3's tokenizer gives for what the model wrote (its calls as Hermes blocks), the record keeps
+    them, and the tokenize stage supervises them: they spell the answers and the calls, none mismatched."""
+    from transformers import AutoTokenizer
+
+    if not (QWEN3_TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"{QWEN3_TOKENIZER} is missing: run envs/test-assets.sh")
+    tokenizer = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    with ToolSim(tokenizer=tokenizer) as sim:
+        run(sim, [CONTRACT], tmp_path, return_token_ids=True)
+    record = records(tmp_path)["p"]
+    assert record["tool_call_tokens"] == "model" and tokenizer.decode(record["turns"][0]["token_ids"]).startswith(
+        '<tool_call>\n{"name": "a"')
+    stats = tokenize_file(tmp_path / "out.jsonl", tokenizer, tmp_path / "t.parquet", tmp_path / "rejects.jsonl", "d",
+                          TokenizeSettings())
+    trip = stats["round_trip"]
+    assert trip["answer_own_tokens"] == 3 and trip["answer_mismatched"] == 0 and trip["prompt_mismatched"] == 0, trip
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    supervised = "".join(tokenizer.decode([t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
+                         for r in rows)
+    assert supervised.count('"name": "a"') == 1 and supervised.count('"name": "b"') == 1
+    assert "sunny-result" not in supervised

@@ -92,7 +92,7 @@ def test_report_shows_every_stage_with_plots(tmp_path):
     assert "hidden states **online**" in text and "Warm start from `org/drafter`" in text
     assert "![acceptance and tokens per step](acc.png)" in text and "(train.png)" in text
     assert "![speed-up map](map.png)" in text
-    assert "| everyday | 6 | 0 | 2 | 6 | 0 | 0 | 192 | 1.50 | – |" in text
+    assert "| everyday | 6 | 0 | 2 | 6 | 0 | – | 0 | 192 | 1.50 | – |" in text
     assert "| everyday | 9 | 1 | 6 | 1 | 0 | 1 | 1.0 | 5 | 1 | 150 |" in text
     assert "everyday/bench-1" in text
     assert "Measured on a CPU" in text  # results without on_accelerator: a CPU run

@@ -41,7 +41,7 @@ SHAREGPT_ROW = {"id": "weather-sharegpt", "tools": json.dumps([WEATHER]), "conve
     {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
     {"from": "observation", "value": RESULT},
     {"from": "gpt", "value": "It is 18 °C and sunny in Paris."}]}
-STEPS = [[[{"name": "get_weather", "content": RESULT}]]]
+STEPS = [[[{"name": "get_weather", "arguments": {"city": "Paris"}, "content": RESULT}]]]
 
 
 def write_jsonl(path, rows):
@@ -64,6 +64,7 @@ def test_the_issue_rows_load_with_their_tools_and_results(tmp_path):
     plain, turns = load(tmp_path, {"id": "p", "prompt": "Weather?", "tools": [WEATHER]},
                         {"id": "t", "turns": ["a", "b"], "tools": json.dumps([WEATHER])}).prompts
     assert plain.tools == turns.tools == openai.tools and plain.tool_steps == [[]] and turns.tool_steps == [[], []]
+    assert not openai.open_end and not sharegpt.open_end and plain.open_end and turns.open_end  # data stops at a turn
 
 
 def test_prompt_files_round_trip_tools_and_keep_rows_without_them_as_before(tmp_path):
@@ -81,6 +82,16 @@ def test_the_digest_changes_with_a_tool_result(tmp_path):
     edited["messages"][2]["content"] = '{"temp_c": 19, "sky": "sunny"}'
     first, second = load(tmp_path, OPENAI_ROW, {**edited, "id": "edited"}).prompts
     assert first.turns == second.turns and first.digest != second.digest
+
+
+def test_the_digest_changes_with_a_calls_arguments_and_rows_without_tools_keep_theirs(tmp_path):
+    """Issue 57: the calls' arguments are kept, so a tool row's digest covers them (a finished tool set is
+    answered once more); a row without tools keeps the digest it had."""
+    london = _with(OPENAI_ROW, '{"city": "London"}', "messages", 1, "tool_calls", 0, "function", "arguments")
+    paris, other = load(tmp_path, OPENAI_ROW, {**london, "id": "london"}).prompts
+    assert paris.tool_steps != other.tool_steps and paris.digest != other.digest
+    plain = load(tmp_path, {"id": "plain", "messages": [{"role": "user", "content": "hi"}]}).prompts[0]
+    assert plain.digest == "c1e1810cc03a9120"  # as before tools were read
 
 
 def test_parallel_calls_pair_by_id_by_order_and_from_one_observation(tmp_path):
@@ -110,10 +121,10 @@ def test_parallel_calls_pair_by_id_by_order_and_from_one_observation(tmp_path):
                                                               legacy]), tools=[{"name": "first"}, {"name": "second"}])
     assert not result.rejects, [str(r) for r in result.rejects]
     steps = {p.id: p.tool_steps for p in result.prompts}
-    pair = [{"name": "first", "content": "A"}, {"name": "second", "content": "B"}]
+    pair = [{"name": "first", "arguments": {}, "content": "A"}, {"name": "second", "arguments": {}, "content": "B"}]
     assert steps["ids"] == [[pair], []] and steps["order"] == [[pair]]
-    assert steps["list"] == [[[pair[0], {"name": "second", "content": '{"b": 1}'}]]]
-    assert steps["two"] == [[pair, [{"name": "first", "content": "C"}]]]
+    assert steps["list"] == [[[pair[0], {"name": "second", "arguments": {}, "content": '{"b": 1}'}]]]
+    assert steps["two"] == [[pair, [{"name": "first", "arguments": {}, "content": "C"}]]]
     assert steps["legacy"] == [[[pair[0]]]]
 
 
@@ -372,3 +383,21 @@ def test_generation_stops_in_its_first_minute_on_a_template_that_ignores_tools(t
     assert early_check(tokenizer, [{**RECORD, "tools": None, "messages": [RECORD["messages"][0],
                                                                            RECORD["messages"][3]]}],
                        TokenizeSettings(), None, "agent") is None
+
+
+def test_unmatched_calls_enters_a_datasets_params_only_when_set():
+    """A project that ran before ``generation.unmatched_calls`` existed keeps its params (and so reruns nothing)
+    until it sets the key; setting it, even to the default's ``cut``, is the user's change."""
+    from draftsmith.config.load import result_view, validate_config
+    from draftsmith.data.datasets import entry_params
+
+    config = validate_config({"target": {"name": "t", "source": "t.gguf"},
+                              "datasets": {"d": {"source": "d.jsonl", "workload": "agent"}},
+                              "evaluation": {"prompt_sets": {"e": {"source": "e.jsonl"}}}})
+    entry = result_view(config)["datasets"]["d"]
+    assert entry["generation"]["unmatched_calls"] is None  # the schema's default, as validation fills it
+    params = entry_params(entry)
+    assert "unmatched_calls" not in params["generation"] and "workload" not in params
+    assert params["generation"]["max_tokens"] == 512
+    chosen = {**entry, "generation": {**entry["generation"], "unmatched_calls": "by_name"}}
+    assert entry_params(chosen)["generation"]["unmatched_calls"] == "by_name"

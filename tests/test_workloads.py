@@ -176,13 +176,19 @@ def test_each_tool_set_reports_its_calls_and_one_with_none_is_named_beside_its_f
 def test_the_reports_data_table_shows_what_regeneration_did_with_tools(tmp_path):
     generation = {**GENERATION, "glaive": {**GENERATION["everyday"], "rows_with_tools": 10, "tool_calls": 14,
                                            "cuts_by_reason": {"other_function": 2, "parallel_calls": 1},
-                                           "fewer_calls": 4, "tool_call_token_source": {"template": 10}}}
+                                           "fewer_calls": 4, "tool_call_token_source": {"template": 10},
+                                           "ends_at_call": 5, "results_by_name": 2, "unparsed_call_markup": 1,
+                                           "ends_at_context": 3, "dropped_context": 1}}
     tokenized = {"glaive": {"tools": {"rows_with_tools": 10, "tool_calls": 14, "tool_call_tokens": 812,
                                       "tool_result_tokens_supervised": 0}}}
     text = report(tmp_path, report_inputs(results(evaluations()), generation=generation, tokenized=tokenized))
     section = text.split("## Tool-call data")[1].split("\n## ")[0]
-    assert ("| glaive | 10 | 14 | 3 (30%: other function 2, parallel calls 1) | 4 | 812 | 0 | "
+    assert ("| glaive | 10 | 14 | 3 (30%: other function 2, parallel calls 1) | 5 | 4 | 2 | 812 | 0 | "
             "the template's rendering (10) |") in section
+    generated = text.split("## Response generation")[1].split("\n## ")[0]
+    assert "| 3 (1) |" in generated and "| everyday |" in generated  # ended at the context (dropped)
+    assert "the turns after them are semi-on-policy" in section and "(glaive: 1): check target.tool_call_parser" \
+        in section
     assert "A hosted API returns text: the calls' tokens are the template's rendering" in section
     assert "| everyday |" not in section
     assert "Tool-call data" not in report(tmp_path, report_inputs(results(evaluations())))

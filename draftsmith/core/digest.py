@@ -29,10 +29,11 @@ def file_sha256(path: Path) -> str:
 
 
 def prompt_digest(turns: list[str], system: str | None, tools: list[dict] | None = None,
-                  tool_steps: list[list[list[dict]]] | None = None) -> str:
+                  tool_steps: list[list[list[dict]]] | None = None, open_end: bool = False) -> str:
     """Digest of a prompt's content: a changed prompt gets a new answer even if its id stays. A row
-    with tools is keyed on its tools and its tool results too; a row without keeps the digest it had
-    before tools were read, so no finished journal is answered again."""
+    with tools is keyed on its tools, its tool results (with their calls' arguments) and whether its
+    data stops at a call; a row without keeps the digest it had before tools were read, so no finished
+    journal is answered again."""
     if tools is None and tool_steps is None:
         return json_digest([system, turns])
-    return json_digest([system, turns, tools, tool_steps])
+    return json_digest([system, turns, tools, tool_steps, open_end])

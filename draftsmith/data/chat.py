@@ -54,6 +54,7 @@ from draftsmith.core import jsonl
 from draftsmith.core.atomic import atomic_path, write_jsonl
 from draftsmith.core.digest import ids_digest
 from draftsmith.data.repetition import NGRAM, answer_tokens, repeated_share, summary
+from draftsmith.data.tool_calls import call_arguments
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +136,10 @@ def prepare_messages(messages: list[dict], reasoning: str) -> list[dict]:
 KEPT_KEYS = ("role", "content", "reasoning", "tool_calls", "tool_call_id", "name")
 
 
-def _arguments(value) -> dict | str:
-    """A call's arguments as an object where they are a JSON string of one (else as they are)."""
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            return value
-        return parsed if isinstance(parsed, dict) else value
-    return value
+def _object_or_text(value) -> dict | str:
+    """A call's arguments as an object where they read as one (:func:`call_arguments`), else as written."""
+    parsed = call_arguments(value)
+    return value if parsed is None else parsed
 
 
 def _with_object_arguments(call: dict) -> dict:
@@ -153,8 +149,7 @@ def _with_object_arguments(call: dict) -> dict:
     arguments = function.get("arguments")
     if not arguments:
         return call
-    arguments = _arguments(arguments)
-    return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
+    return {**call, "function": {**function, "arguments": call_arguments(arguments) or {}}}
 
 
 TOOLS_INSTRUCTION = ("You may call one or more of these functions; for each call, reply with "
@@ -191,7 +186,7 @@ def text_rendering(messages: list[dict], tools: list[dict] | None) -> list[dict]
 
 def _call_block(call: dict) -> str:
     function = call.get("function", call)
-    body = {"name": function["name"], "arguments": _arguments(function.get("arguments", {}))}
+    body = {"name": function["name"], "arguments": _object_or_text(function.get("arguments", {}))}
     return f"<tool_call>\n{json.dumps(body, ensure_ascii=False)}\n</tool_call>"
 
 
@@ -209,7 +204,7 @@ def parse_text_tool_calls(content: str | None) -> list[dict]:
         except json.JSONDecodeError:
             continue
         if isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"]:
-            calls.append({"name": call["name"], "arguments": _arguments(call.get("arguments", {}))})
+            calls.append({"name": call["name"], "arguments": _object_or_text(call.get("arguments", {}))})
     return calls
 
 

@@ -15,9 +15,9 @@ calls with their results: OpenAI assistant ``tool_calls`` (or ``function_call``)
 ``function_call`` / ``tool_call`` turns (one call or a JSON list of parallel ones) answered by
 ``observation`` / ``tool_response`` / ``function`` / ``tool`` turns, in order (one observation may
 hold a JSON list of the results of n parallel calls). The dataset's calls are regenerated like its
-answers; their results are kept as :attr:`Prompt.tool_steps` for generation to pair with the
-model's own calls. A row with calls and no tools is refused, unless the set gives its tools
-(``datasets.<name>.tools``): generation would send none.
+answers; their results, each with its call's name and arguments, are kept as :attr:`Prompt.tool_steps`
+for generation to pair with the model's own calls. A row with calls and no tools is refused, unless the set
+gives its tools (``datasets.<name>.tools``): generation would send none.
 
 Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``; detected under
 ``auto`` where their keys leave no doubt) are read by :mod:`draftsmith.data.agent_shapes` and paired here.
@@ -35,6 +35,7 @@ from draftsmith.config.target import resolve_package_file
 from draftsmith.core import jsonl
 from draftsmith.core.digest import prompt_digest
 from draftsmith.data import agent_shapes
+from draftsmith.data.tool_calls import call_arguments
 
 CHAT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 # Where a tool call or result stands: OpenAI's messages hold calls in assistant turns, ShareGPT's in turns of their own.
@@ -58,6 +59,20 @@ def tool_params(config: dict, workloads: list[str]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if v not in (None, "template")}
 
 
+# Generation settings added since projects ran, at their unset value: left out of a job's params (and the run's
+# digest) until a project sets them, so that adding one reruns nothing.
+ADDED_GENERATION = {"unmatched_calls": None}
+
+
+def entry_params(entry: dict) -> dict[str, Any]:
+    """A dataset's config entry as its jobs' params: without its workload (a label: relabelling reruns nothing)
+    and without a generation setting added since projects ran while it is unset."""
+    generation = {k: v for k, v in (entry.get("generation") or {}).items()
+                  if not (k in ADDED_GENERATION and v == ADDED_GENERATION[k])}
+    return {k: v for k, v in entry.items() if k != "workload"} | ({"generation": generation} if "generation" in entry
+                                                                  else {})
+
+
 def workload_problem(prompts: list[Prompt], workload: str, where: str) -> str | None:
     """A set whose rows have tools must say so (``workload: tools`` or ``agent``): the tool settings enter only
     such a set's jobs (:func:`tool_params`), so a mislabelled one would not be regenerated when they change."""
@@ -75,8 +90,11 @@ class Prompt:
     ``tools``: OpenAI function schemas (``{"type": "function", "function": {...}}``), sent with every
     request of the row. ``tool_steps``: the dataset's tool results, one list per user turn (the stretch
     up to the next user turn); each stretch is a list of steps, a step being the results of one
-    assistant turn's calls in order (``{"name": function name, "content": result text}``; more than
-    one where the dataset made parallel calls). Generation pairs the model's calls with them.
+    assistant turn's calls in order (``{"name": function name, "arguments": the call's arguments object,
+    "content": result text}``; more than one where the dataset made parallel calls). Generation pairs the
+    model's calls with them by name and arguments. ``open_end``: a row with tools whose data stops after
+    its last call or user turn (no result, no later answer or turn): a single-turn tool set, a prompt
+    with tools, a trajectory's end; a conversation ends there at the model's calls, no cut.
     """
 
     id: str
@@ -84,10 +102,11 @@ class Prompt:
     system: str | None = None
     tools: list[dict] | None = None
     tool_steps: list[list[list[dict]]] | None = None
+    open_end: bool = False
 
     @property
     def digest(self) -> str:
-        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps)
+        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps, self.open_end)
 
 
 @dataclass(frozen=True)
@@ -203,7 +222,7 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
                 raise _BadField("turns", "expected a non-empty list of strings")
             turns = [_text({"turns": t}, "turns") for t in value]
         tools = _tools(row.get("tools"))  # user turns only: tools to call, no results of the dataset's
-        parsed = Prompt("", turns, None, tools, [[] for _ in turns] if tools else None)
+        parsed = Prompt("", turns, None, tools, [[] for _ in turns] if tools else None, bool(tools))
     elif fmt in ("messages", "conversations"):
         parsed = _chat_turns(row, fmt)
     else:
@@ -261,15 +280,16 @@ def _shape_prompt(row: dict, shape: str) -> Prompt:
     if not turns:
         raise _BadField(SHAPE_TEXT_FIELDS[shape], "no user message")
     tool_steps = steps.done() if tools is not None or steps.saw_calls else None
-    return Prompt("", turns, read.system, tools, tool_steps)
+    return Prompt("", turns, read.system, tools, tool_steps, tool_steps is not None and steps.open_end)
 
 
 def _with_set_tools(parsed: Prompt, set_tools: list[dict] | None) -> Prompt:
     """The set's tools for a row without its own; a row with the dataset's calls and still no tools is refused:
     generation would send none, and the model could never make the calls its results answer."""
     if parsed.tools is None and set_tools:
-        steps = parsed.tool_steps if parsed.tool_steps is not None else [[] for _ in parsed.turns]
-        return replace(parsed, tools=set_tools, tool_steps=steps)
+        if parsed.tool_steps is not None:
+            return replace(parsed, tools=set_tools)
+        return replace(parsed, tools=set_tools, tool_steps=[[] for _ in parsed.turns], open_end=True)
     if parsed.tools is None and parsed.tool_steps is not None:
         raise _BadField("tools", "the row has tool calls but no tools to send with them: give a tools column, "
                                  "or the set's tools in datasets.<name>.tools")
@@ -317,8 +337,9 @@ def _chat_turns(row: dict, fmt: str) -> Prompt:
                 steps.result(None, content, where)
     if not turns:
         raise _BadField(fmt, "no user message")
-    tool_steps = steps.done() if tools is not None or steps.saw_calls else None
-    return Prompt("", turns, system, tools, tool_steps)
+    if tools is None and not steps.saw_calls:
+        return Prompt("", turns, system)
+    return Prompt("", turns, system, tools, steps.done(), steps.open_end)
 
 
 class _Steps:
@@ -327,20 +348,23 @@ class _Steps:
 
     def __init__(self) -> None:
         self.stretches: list[list[list[dict]]] = []
-        self.calls: list[tuple[str | None, str]] = []  # the open assistant turn's calls: (id, name)
+        self.calls: list[_Call] = []  # the open assistant turn's calls
         self.results: dict[int, dict] = {}  # call index -> result
         self.saw_calls = False
+        self.open_end = True  # until an answer without calls: the data stops at a call, result or user turn
 
     def user(self) -> None:
         self._close()
         self.stretches.append([])
+        self.open_end = True
 
-    def assistant(self, calls: list[tuple[str | None, str]], where: str) -> None:
+    def assistant(self, calls: list[_Call], where: str) -> None:
         self._close()
         if calls and not self.stretches:
             raise _BadField(where, "a tool call before the first user message")
         self.calls = calls
         self.saw_calls = self.saw_calls or bool(calls)
+        self.open_end = bool(calls)
 
     def unanswered(self) -> int:
         return len(self.calls) - len(self.results)
@@ -349,8 +373,8 @@ class _Steps:
         """Pair a result with its call: by id where both carry one, else the first call unanswered."""
         if not self.calls:
             raise _BadField(where, "a tool result with no call before it")
-        if call_id not in (None, "") and any(cid is not None for cid, _ in self.calls):
-            index = next((j for j, (cid, _) in enumerate(self.calls) if cid == call_id), None)
+        if call_id not in (None, "") and any(call.id is not None for call in self.calls):
+            index = next((j for j, call in enumerate(self.calls) if call.id == call_id), None)
             if index is None:
                 raise _BadField(f"{where}.tool_call_id", f"no call with id {call_id!r}")
             if index in self.results:
@@ -359,7 +383,9 @@ class _Steps:
             index = next((j for j in range(len(self.calls)) if j not in self.results), None)
             if index is None:
                 raise _BadField(where, f"a tool result beyond the {len(self.calls)} call(s) before it")
-        self.results[index] = {"name": self.calls[index][1], "content": content}
+        call = self.calls[index]
+        self.results[index] = {"name": call.name, "arguments": call.arguments, "content": content}
+        self.open_end = True
 
     def _close(self) -> None:
         if self.results:  # calls the dataset left unanswered (a trajectory's end) carry no result
@@ -402,25 +428,32 @@ def _name(value: Any, where: str) -> str:
     return value
 
 
-def _arguments(value: Any, where: str) -> None:
-    """Arguments are an object or a JSON string of one (OpenAI sends the string)."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else {}
-        except json.JSONDecodeError:
-            raise _BadField(where, "not valid JSON") from None
-    if not isinstance(value, dict):
-        raise _BadField(where, f"expected an object, got {type(value).__name__}")
+@dataclass(frozen=True)
+class _Call:
+    """A call of the dataset's: its id (None where the row gives none), function name and arguments."""
+
+    id: str | None
+    name: str
+    arguments: dict
 
 
-def _openai_calls(msg: dict, where: str) -> list[tuple[str | None, str]]:
-    """An assistant message's calls as ``(id, name)``: ``tool_calls``, or the older ``function_call``."""
+def _arguments(value: Any, where: str) -> dict:
+    """Arguments are an object or a JSON string of one (OpenAI sends the string): :func:`call_arguments`."""
+    parsed = call_arguments(value)
+    if parsed is None:
+        raise _BadField(where, "not valid JSON" if isinstance(value, str) else
+                        f"expected an object, got {type(value).__name__}")
+    return parsed
+
+
+def _openai_calls(msg: dict, where: str) -> list[_Call]:
+    """An assistant message's calls: ``tool_calls``, or the older ``function_call``."""
     if msg.get("function_call") is not None and not msg.get("tool_calls"):
         call = msg["function_call"]
         if not isinstance(call, dict):
             raise _BadField(f"{where}.function_call", "expected an object")
-        _arguments(call.get("arguments", {}), f"{where}.function_call.arguments")
-        return [(None, _name(call.get("name"), f"{where}.function_call.name"))]
+        arguments = _arguments(call.get("arguments", {}), f"{where}.function_call.arguments")
+        return [_Call(None, _name(call.get("name"), f"{where}.function_call.name"), arguments)]
     value = msg.get("tool_calls")
     if value in (None, []):
         return []
@@ -432,14 +465,14 @@ def _openai_calls(msg: dict, where: str) -> list[tuple[str | None, str]]:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             raise _BadField(f"{at}.function", "expected an object with a name and arguments")
-        _arguments(function.get("arguments", {}), f"{at}.function.arguments")
+        arguments = _arguments(function.get("arguments", {}), f"{at}.function.arguments")
         call_id = call.get("id")
         name = _name(function.get("name"), f"{at}.function.name")
-        calls.append((str(call_id) if call_id not in (None, "") else None, name))
+        calls.append(_Call(str(call_id) if call_id not in (None, "") else None, name, arguments))
     return calls
 
 
-def _sharegpt_calls(value: Any, where: str) -> list[tuple[str | None, str]]:
+def _sharegpt_calls(value: Any, where: str) -> list[_Call]:
     """A ``function_call`` turn's value: JSON ``{"name", "arguments"}``, or a list of them."""
     if isinstance(value, str):
         try:
@@ -454,8 +487,8 @@ def _sharegpt_calls(value: Any, where: str) -> list[tuple[str | None, str]]:
         at = where if len(items) == 1 else f"{where}[{j}]"
         if not isinstance(call, dict):
             raise _BadField(at, 'expected {"name": ..., "arguments": ...}')
-        _arguments(call.get("arguments", {}), f"{at}.arguments")
-        calls.append((None, _name(call.get("name"), f"{at}.name")))
+        arguments = _arguments(call.get("arguments", {}), f"{at}.arguments")
+        calls.append(_Call(None, _name(call.get("name"), f"{at}.name"), arguments))
     return calls
 
 
@@ -569,9 +602,11 @@ def _prompt_row(prompt: Prompt) -> dict:
         row["tools"] = prompt.tools
     if prompt.tool_steps is not None:
         row["tool_steps"] = prompt.tool_steps
+    if prompt.open_end:
+        row["open_end"] = True
     return row
 
 
 def read_prompts(path: Path) -> list[Prompt]:
-    return [Prompt(row["id"], row["turns"], row.get("system"), row.get("tools"), row.get("tool_steps"))
-            for _, row in jsonl.read(path)]
+    return [Prompt(row["id"], row["turns"], row.get("system"), row.get("tools"), row.get("tool_steps"),
+                   row.get("open_end", False)) for _, row in jsonl.read(path)]

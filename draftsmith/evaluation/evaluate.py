@@ -37,7 +37,7 @@ from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation import methods
 from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, RequestFailed, RetryPolicy
 from draftsmith.generation.generate import ask as ask_with_tools
-from draftsmith.generation.generate import assistant_message, pair_calls
+from draftsmith.generation.generate import assistant_message
 from draftsmith.generation.server import (
     CUDA_OOM,
     ENGINE_KILLED,
@@ -50,6 +50,7 @@ from draftsmith.generation.server import (
     ended_by_signal,
     engine_args,
 )
+from draftsmith.generation.tool_pairing import pair_calls
 from draftsmith.training import families
 
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -255,7 +256,7 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
 
     async def converse(p: Prompt) -> None:
         """A prompt's turns in order, each user turn's calls answered with the dataset's results as generation
-        pairs them (:func:`~draftsmith.generation.generate.pair_calls`); a call with no result to pair ends the
+        pairs them (:func:`~draftsmith.generation.tool_pairing.pair_calls`); a call with no result to pair ends the
         prompt (its next turn would follow an unanswered call)."""
         messages: list[dict] = [{"role": "system", "content": p.system}] if p.system else []
         stretches = p.tool_steps or []
@@ -263,10 +264,10 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
             messages.append({"role": "user", "content": turn})
             steps = list(stretches[index]) if index < len(stretches) else []
             while calls := await ask(messages, p):
-                unpaired, results = pair_calls(calls, steps)
-                if unpaired:
+                pairing = pair_calls(calls, steps, p.tools)
+                if not pairing.answers:
                     return
-                messages += results
+                messages += pairing.answers
 
     async def worker() -> None:
         try:

@@ -487,12 +487,16 @@ def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
 
 
 def _generation(generation_stats: dict[str, dict]) -> list[str]:
+    """Per dataset: what regeneration kept, failed, retried, truncated and dropped, and the conversations ended
+    where their next prompt would not fit the target's context (``–`` in stats from before that was counted)."""
     lines = ["## Response generation", "",
-             "| dataset | records | errors | retries | truncated kept | dropped | with reasoning | completion tokens | "
-             "p50 s | p95 s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| dataset | records | errors | retries | truncated kept | dropped | ended at the context (dropped) | "
+             "with reasoning | completion tokens | p50 s | p95 s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, st in generation_stats.items():
+        context = f"{st['ends_at_context']} ({st['dropped_context']})" if "ends_at_context" in st else "–"
         lines.append(f"| {name} | {st['records']} | {st['errors']} | {st['retries']} | "
-                     f"{st['truncated_kept']} | {st['dropped_truncated']} | {st['reasoning_records']} | "
+                     f"{st['truncated_kept']} | {st['dropped_truncated']} | {context} | {st['reasoning_records']} | "
                      f"{st['completion_tokens']} | {_fmt(st['latency_p50_s'])} | {_fmt(st['latency_p95_s'])} |")
     return lines
 
@@ -502,31 +506,44 @@ TOKEN_SOURCE = {"model": "the model's own ids", "template": "the template's rend
 
 def _tool_data(generation_stats: dict[str, dict], tokenized: dict[str, dict] | None) -> list[str]:
     """Per generated dataset with tools: the conversations and calls regenerated, the conversations cut (by
-    reason) and ended with fewer calls than the dataset made, the supervised tokens of the turns that called
-    tools, and where the calls' tokens came from. Datasets without tools, and stats from before tools, none."""
+    reason), ended at a call where the data ends and ended with fewer calls than the dataset made, the calls
+    answered by name alone (semi-on-policy), the supervised tokens of the turns that called tools, and where the
+    calls' tokens came from. Datasets without tools, and stats from before tools, none."""
     names = [n for n, st in generation_stats.items()
              if st.get("rows_with_tools") or ((tokenized or {}).get(n) or {}).get("tools", {}).get("rows_with_tools")]
     if not names:
         return []
     lines = ["## Tool-call data", "",
-             "Rows with tools regenerated with their tools sent on every request, the model's calls paired in order "
-             "with the dataset's results; a call that cannot be paired cuts the conversation there (its turn kept), "
-             "and a stretch the model ended with fewer calls than the dataset made is a natural end, counted apart. "
+             "Rows with tools regenerated with their tools sent on every request, each of the model's calls paired "
+             "with the dataset's result of its name and arguments; a call that cannot be paired cuts the conversation "
+             "there (its turn kept), a call where the data has nothing after it (no result, no later turn) ends the "
+             "conversation uncut, and a stretch the model ended with fewer calls than the dataset made is a natural "
+             "end, counted apart. "
              "Supervised tokens in calling turns: whole assistant turns that made calls (the calls' markup and any "
              "text beside it); a tool result is never supervised.", "",
              "| dataset | rows with tools | tool calls regenerated | conversations cut (by reason) | "
-             "fewer-calls ends | supervised tokens in calling turns | tool-result tokens supervised | "
-             "tool-call tokens from |",
-             "|---|---:|---:|---|---:|---:|---:|---|"]
+             "ends at a call | fewer-calls ends | results by name (semi-on-policy) | "
+             "supervised tokens in calling turns | tool-result tokens supervised | tool-call tokens from |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for name in names:
         st, tools = generation_stats[name], ((tokenized or {}).get(name) or {}).get("tools") or {}
         rows, cuts = st.get("rows_with_tools", 0), st.get("cuts_by_reason") or {}
         sources = st.get("tool_call_token_source") or {}
         source = ", ".join(f"{TOKEN_SOURCE.get(k, k)} ({n})" for k, n in sources.items())
         lines.append(f"| {name} | {rows} | {st.get('tool_calls', '–')} | {_cuts(cuts, rows)} | "
-                     f"{st.get('fewer_calls', '–')} | "
-                     f"{tools.get('tool_call_tokens', '–')} | {tools.get('tool_result_tokens_supervised', '–')} | "
+                     f"{st.get('ends_at_call', '–')} | {st.get('fewer_calls', '–')} | "
+                     f"{st.get('results_by_name', '–')} | {tools.get('tool_call_tokens', '–')} | "
+                     f"{tools.get('tool_result_tokens_supervised', '–')} | "
                      f"{source or '–'} |")
+    if any(generation_stats[n].get("results_by_name") for n in names):
+        lines += ["", "Results by name (`unmatched_calls: by_name`): calls answered with the dataset's result of "
+                      "their function although the dataset called it with other arguments; the turns after them are "
+                      "semi-on-policy (the model read a result it did not ask for)."]
+    if any(generation_stats[n].get("unparsed_call_markup") for n in names):
+        lines += ["", "Some conversations hold a turn whose text has the tool-call parser's markup and no call was "
+                      "read from it (" + ", ".join(f"{n}: {generation_stats[n]['unparsed_call_markup']}" for n in names
+                                                   if generation_stats[n].get("unparsed_call_markup"))
+                  + "): check target.tool_call_parser."]
     if any((st.get("tool_call_token_source") or {}).get("template") for st in generation_stats.values()):
         lines += ["", "A hosted API returns text: the calls' tokens are the template's rendering of the calls the API "
                       "returned, not the ids the model sampled."]

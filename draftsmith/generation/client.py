@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import random
 import time
@@ -31,6 +30,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+
+from draftsmith.data.tool_calls import arguments_text
 
 RETRYABLE_STATUS = {408, 409, 425, 429}
 FINAL_5XX = {501, 505}  # not implemented / HTTP version not supported: retrying cannot help
@@ -345,9 +346,7 @@ def normalize_call(call: Any, index: int) -> dict:
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name:
         raise _Retryable("malformed_response", f"tool call {index} has no function name: {_short(str(call))}")
-    arguments = function.get("arguments", {})
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
+    arguments = arguments_text(function.get("arguments", {}))
     call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{index}"
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 

@@ -20,16 +20,27 @@ Semantics (documented in docs/stages.md):
   them. A reasoning model cut while thinking (``content: null``) is a truncated answer. A turn
   cut by ``max_tokens`` ends a multi-turn conversation: later turns would build on a cut answer.
 - **Tool calls.** A row with tools sends them on every request (``tool_choice: auto``). The model's
-  calls are paired in order with the dataset's next step of results within the stretch up to the
-  next user turn, and each paired call gets its result as a ``tool`` message before the model is
-  asked again. A call that cannot be paired cuts the conversation there, keeping the turn that
-  made it (its tokens are the model's own): ``other_function`` (a name the step does not have in
-  that place), ``more_calls_than_results`` (no step left), ``parallel_calls`` (more calls in one
-  turn than the step has results; fewer are paired with the first). A stretch the model ends with
-  steps unused is a natural end (``fewer_calls``), counted apart, and the next user turn follows.
+  calls are paired with the dataset's next step of results within the stretch up to the next user
+  turn, each with the result of its name and arguments (:mod:`draftsmith.generation.tool_pairing`),
+  and each paired call gets its result as a ``tool`` message before the model is asked again. A call
+  that cannot be paired cuts the conversation there, keeping the turn that made it (its tokens are
+  the model's own): ``other_function`` (a name the step does not have in that place),
+  ``other_arguments`` (its name's result was called with other arguments; ``unmatched_calls:
+  by_name`` answers it all the same, counted as ``results_by_name``), ``more_calls_than_results`` (no
+  step left where the data goes on), ``parallel_calls`` (more calls in one turn than the step has
+  results; fewer are paired with the first). Where the data has nothing after the calls (no result,
+  no later turn: a single-turn tool set, a prompt with tools) the conversation ends at the model's
+  calls, counted as ``ends_at_call``, no cut. A stretch the model ends with steps unused is a natural
+  end (``fewer_calls``), counted apart, and the next user turn follows. A turn whose text holds the
+  parser's call markup with no call read is counted and warned about (the parser did not read it).
   With ``tool_rendering: text`` the tools and results travel as text (no parser on the server) and
   the calls are read from the answer's ``<tool_call>`` blocks. A hosted API returns no token ids:
   there the tool-call tokens are the chat template's rendering (``tool_call_tokens: template``).
+- **A conversation that outgrows the context ends.** Before each request the prompt is counted with
+  the target's tokenizer and template (:class:`ContextLimit`); one that leaves no room for an answer
+  token is not sent: the conversation ends there, its earlier turns kept (``ends_at_context``), or,
+  when its first request already does not fit, is journaled as ``dropped_context``. Neither is an
+  error, so neither counts against ``max_error_fraction``.
 - **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
   checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
   stops the run, journal kept, with the likely cause and the setting that fixes it.
@@ -60,7 +71,7 @@ from tqdm import tqdm
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.core.digest import ids_digest, json_digest
-from draftsmith.data.chat import parse_text_tool_calls, text_rendering
+from draftsmith.data.chat import Renderer, parse_text_tool_calls, prepare_messages, text_rendering
 from draftsmith.data.datasets import Prompt
 from draftsmith.generation.client import (
     ChatClient,
@@ -70,6 +81,7 @@ from draftsmith.generation.client import (
     RequestFailed,
     RetryPolicy,
 )
+from draftsmith.generation.tool_pairing import UNMATCHED_CALLS, call_markup, pair_calls
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +114,7 @@ class GenerationSettings:
     return_token_ids: bool = False
     tool_rendering: str = "template"  # tokenize.tool_rendering, for a dataset with tools (see tool_options)
     tool_call_parser: str | None = None  # target.tool_call_parser, where a managed server parses the calls
+    unmatched_calls: str | None = None  # a call whose arguments no result has: None is cut (tool_pairing)
 
     @classmethod
     def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
@@ -127,9 +140,16 @@ class GenerationSettings:
                 **{k: v for k, v in self.extra_body.items() if k in SAMPLING_FIELDS}}
 
     def tool_affecting(self) -> dict[str, Any]:
-        """How tool calls travel: empty for the defaults, so journals without tools keep their names."""
-        return {k: v for k, v in {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser}
-                .items() if v != self.__dataclass_fields__[k].default}
+        """How tool calls travel and are answered: empty for the defaults (``unmatched_calls: cut`` is the
+        default's behaviour), so journals without tools keep their names."""
+        settings = {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser,
+                    "unmatched_calls": None if self.unmatched_calls == "cut" else self.unmatched_calls}
+        return {k: v for k, v in settings.items() if v != self.__dataclass_fields__[k].default}
+
+    def __post_init__(self) -> None:
+        if self.unmatched_calls not in (None, *UNMATCHED_CALLS):
+            raise ValueError(f"generation.unmatched_calls: {self.unmatched_calls!r} is not one of "
+                             f"{', '.join(UNMATCHED_CALLS)}")
 
 
 TOOL_RENDERINGS = ("template", "text")
@@ -196,6 +216,32 @@ def tool_options(prompts: list[Prompt], parser: str | None, rendering: str, mana
                          "tool calls only through a parser: set target.tool_call_parser (e.g. hermes for Qwen3), "
                          "or tokenize.tool_rendering: text to send the tools as text")
     return {"tool_rendering": rendering, "tool_call_parser": parser}
+
+
+@dataclass(frozen=True)
+class ContextLimit:
+    """The target's context (``tokens``: the server's max_model_len, else the model's own) and a request's prompt
+    counted as the server renders it, with the target's tokenizer and chat template. vLLM answers a prompt up to
+    one token short of the context (it shortens max_tokens to fit) and refuses a longer one, which made the
+    conversation an error."""
+
+    tokens: int
+    renderer: Renderer
+    tool_rendering: str = "template"
+
+    def leaves_no_room(self, messages: list[dict], tools: list[dict] | None) -> bool:
+        """Whether the prompt leaves no room for one answer token. A rendering of fewer bytes than the context
+        fits without tokenizing (a token spans at least a byte)."""
+        if tools and self.tool_rendering == "text":
+            messages, tools = text_rendering(messages, tools), None
+        try:
+            text = self.renderer.with_tools(tools).text(prepare_messages(messages, "template"), True)
+        except Exception as err:  # the template refuses the conversation: so would the server, an error of the row's
+            raise RequestFailed("template", f"the chat template cannot render the prompt to count it against the "
+                                            f"context ({type(err).__name__}: {err})", 0) from None
+        if len(text.encode()) < self.tokens:
+            return False
+        return len(self.renderer.ids(text)) >= self.tokens
 
 
 def settings_key(model_name: str, settings: GenerationSettings) -> str:
@@ -313,13 +359,15 @@ class Limits:
 async def generate(prompts: list[Prompt], client: ChatClient | None, settings: GenerationSettings, outputs: Outputs,
                    *, max_samples: int | None, token_budget: int | None, dataset: str,
                    server_exit: Callable[[], str | None] | None = None,
-                   early_check: Callable[[list[dict]], str | None] | None = None) -> dict:
+                   early_check: Callable[[list[dict]], str | None] | None = None,
+                   context: ContextLimit | None = None) -> dict:
     """Answer ``prompts`` through ``client`` and write responses, stats and errors atomically.
 
     ``client`` may be None when :func:`has_work` said there is nothing to send. ``server_exit``
     returns a message once a managed server has exited, which stops the run at once.
     ``early_check`` returns a message when the run's first answers would fail tokenization: it is
     called once, with the first ``EARLY_CHECK_ANSWERS`` (or all, when the run answers fewer).
+    ``context`` ends a conversation whose next prompt would not fit the target's context (None: not checked).
     """
     journal = Journal(outputs.journal, settings.fsync_every)
     run = _resume(prompts, journal)
@@ -337,7 +385,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
                mininterval=2.0, dynamic_ncols=True)
     watchdog = asyncio.create_task(_watch_server(server_exit, run, stop)) if server_exit else None
     try:
-        await _launch_all(todo, client, settings, journal, run, bar, stop, limits, early_check)
+        await _launch_all(todo, client, settings, journal, run, bar, stop, limits, early_check, context)
         if early_check and run.fresh and not run.early_checked and not stop.is_set():
             run.fatal = early_check(run.fresh)
     finally:
@@ -355,7 +403,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
         raise GenerationInterrupted(f"{dataset}: interrupted; {resume_hint}")
     _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
     stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
-    _warn_cuts(dataset, stats)
+    _warn_parser(dataset, stats)
     ordered = [run.done[p.id] for p in prompts if _journaled(run.done, p) and run.done[p.id]["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)
@@ -420,7 +468,8 @@ async def _watch_server(server_exit: Callable[[], str | None], run: _Run, stop: 
 
 async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, journal: Journal, run: _Run, bar,
                       stop: asyncio.Event, limits: Limits,
-                      early_check: Callable[[list[dict]], str | None] | None = None) -> None:
+                      early_check: Callable[[list[dict]], str | None] | None = None,
+                      context: ContextLimit | None = None) -> None:
     """Launch prompts in order, at most ``concurrency`` at once, until done, limits reached or stop."""
     tasks: set[asyncio.Task] = set()
     stopper = asyncio.create_task(stop.wait())
@@ -450,7 +499,7 @@ async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, 
             if stop.is_set() or limits.reached(run):
                 break
             run.in_flight += 1
-            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar)))
+            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar, context)))
         while tasks and not stop.is_set():
             await wait_some()
     finally:
@@ -468,33 +517,53 @@ class _Conversation:
     turns: list[dict] = field(default_factory=list)
     tool_calls: int = 0
     cut: str | None = None
+    ends_at_call: bool = False
     fewer_calls: bool = False
+    results_by_name: int = 0
+    unparsed_markup: int = 0  # turns whose text holds the parser's call markup and no call was read
+    ends_at_context: bool = False  # the next request's prompt would not fit the target's context
+
+    def end_at_context(self) -> _Conversation:
+        """End before a request that would not fit: what was to be sent after the last answer (a user turn, tool
+        results) is dropped, so the conversation ends at the model's last turn."""
+        answered = max((i for i, m in enumerate(self.messages) if m["role"] == "assistant"), default=-1)
+        del self.messages[answered + 1:]
+        self.ends_at_context = True
+        return self
 
 
-async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run) -> _Conversation:
+async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run,
+                    context: ContextLimit | None = None) -> _Conversation:
     """Answer a prompt turn by turn on the model's own history; within each user turn's stretch, answer
-    the model's tool calls with the dataset's results until it stops calling or a call cannot be paired.
-    Each stretch loops at most once per dataset step, plus the answer that ends it."""
+    the model's tool calls with the dataset's results until it stops calling, a call cannot be paired or
+    the data ends at a call. Each stretch loops at most once per dataset step, plus the answer that ends it."""
     conv = _Conversation([{"role": "system", "content": prompt.system}] if prompt.system else [])
     stretches = prompt.tool_steps or []
+    markup = call_markup(settings.tool_call_parser, settings.tool_rendering) if prompt.tools else ()
     for index, turn in enumerate(prompt.turns):
         conv.messages.append({"role": "user", "content": turn})
         steps = list(stretches[index]) if index < len(stretches) else []
         while True:
+            if context and context.leaves_no_room(conv.messages, prompt.tools):
+                return conv.end_at_context()
             result = await ask(client, conv.messages, prompt, settings.request_body(), settings.tool_rendering)
             run.cost += result.cost or 0.0
             conv.messages.append(assistant_message(result, settings.tool_rendering == "text"))
             conv.turns.append(_turn_record(result))
             conv.tool_calls += len(result.tool_calls or [])
+            conv.unparsed_markup += not result.tool_calls and any(m in (result.content or "") for m in markup)
             if result.finish_reason == "length":
                 return conv
             if not result.tool_calls:
                 conv.fewer_calls |= bool(steps)
                 break
-            conv.cut, answers = pair_calls(result.tool_calls, steps)
-            if conv.cut:
+            pairing = pair_calls(result.tool_calls, steps, prompt.tools, settings.unmatched_calls or "cut",
+                                 data_ends_here=prompt.open_end and index == len(prompt.turns) - 1)
+            conv.cut, conv.ends_at_call = pairing.cut, pairing.ends_at_call
+            conv.results_by_name += pairing.by_name
+            if conv.cut or conv.ends_at_call:
                 return conv
-            conv.messages += answers
+            conv.messages += pairing.answers
     return conv
 
 
@@ -520,35 +589,13 @@ def assistant_message(result: ChatResult, as_text: bool) -> dict:
     return answer
 
 
-def pair_calls(calls: list[dict], steps: list[list[dict]]) -> tuple[str | None, list[dict]]:
-    """The ``tool`` messages answering one turn's ``calls`` with the stretch's next dataset step (taken
-    from ``steps``), or the reason they cannot be paired and the conversation is cut. Within a step the
-    calls are matched by function name, in order among calls of one name: parallel calls come in any
-    order (``[b, a]`` answers a step ``[a, b]``), and a subset of the step is answered by its own results."""
-    if not steps:
-        return "more_calls_than_results", []
-    step = steps.pop(0)
-    if len(calls) > len(step):
-        return "parallel_calls", []
-    unused = list(step)
-    answers = []
-    for call in calls:
-        result = next((r for r in unused if r["name"] == call["function"]["name"]), None)
-        if result is None:
-            return "other_function", []
-        unused.remove(result)
-        answers.append({"role": "tool", "tool_call_id": call["id"], "name": result["name"],
-                        "content": result["content"]})
-    return None, answers
-
-
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
-               bar: tqdm) -> None:
+               bar: tqdm, context: ContextLimit | None = None) -> None:
     run.prompts_this_run += 1
     try:
         begun = time.monotonic()
         try:
-            conv = await _converse(prompt, client, settings, run)
+            conv = await _converse(prompt, client, settings, run, context)
         except RequestFailed as failed:
             run.errors.append({"id": prompt.id, "error_class": failed.error_class, "message": failed.message,
                                "attempts": failed.attempts})
@@ -574,8 +621,13 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
 
 def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, latency_s: float) -> dict:
     """The journal's record of a finished conversation. A row with tools also keeps its tools, its
-    call count, its cut (absent when none) and whether it ended with fewer calls than the dataset."""
+    call count, its cut or its end at a call (each absent when none), whether it ended with fewer calls
+    than the dataset, and where they happened, the calls answered by name alone (``results_by_name``:
+    semi-on-policy) and the turns whose text held call markup no parser read."""
     turns = conv.turns
+    if not turns:  # its first request did not fit the context: nothing of the model's to keep
+        return {"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt.digest, "status": "dropped_context",
+                "latency_s": latency_s}
     finish_reasons = [t["finish_reason"] for t in turns]
     truncated = "length" in finish_reasons
     status = "dropped_truncated" if truncated and settings.finish_reason_policy == "drop" else "ok"
@@ -586,6 +638,8 @@ def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, l
               "finish_reasons": finish_reasons, "usage": usage, "turns": turns, "latency_s": latency_s}
     if settings.finish_reason_policy == "mark":
         record["truncated"] = truncated
+    if conv.ends_at_context:
+        record["ends_at_context"] = True
     if prompt.tools or prompt.tool_steps:
         # without the server's token ids, the tokenize stage's template renders the calls
         record |= {"tools": prompt.tools, "tool_calls": conv.tool_calls, "fewer_calls": conv.fewer_calls,
@@ -594,6 +648,12 @@ def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, l
             record["tool_rendering"] = settings.tool_rendering
         if conv.cut:
             record["cut"] = conv.cut
+        if conv.ends_at_call:
+            record["ends_at_call"] = True
+        if conv.results_by_name:
+            record["results_by_name"] = conv.results_by_name
+        if conv.unparsed_markup:
+            record["unparsed_call_markup"] = conv.unparsed_markup
     return record
 
 
@@ -608,17 +668,15 @@ def _turn_record(result) -> dict:
     return turn
 
 
-# Above this share of a dataset's conversations with tools cut, the target calls otherwise than the dataset did
-# (another parser, parallel calls, other functions): the kept turns stop early, which the job says, not only the report.
-CUT_WARNING = 0.5
-
-
-def _warn_cuts(dataset: str, stats: dict) -> None:
-    cut = sum(stats["cuts_by_reason"].values())
-    if stats["rows_with_tools"] and cut > CUT_WARNING * stats["rows_with_tools"]:
-        log.warning("%s: %d of %d conversations with tools were cut where the target's calls had no result in the "
-                    "dataset (%s): their turns are kept up to the cut; check target.tool_call_parser and the "
-                    "dataset's functions", dataset, cut, stats["rows_with_tools"], stats["cuts_by_reason"])
+def _warn_parser(dataset: str, stats: dict) -> None:
+    """A turn whose text holds the parser's own call markup but no call was read: the target called a tool
+    and the endpoint's parser (another one, or none) did not read it, so the conversation went on as if it had
+    answered. The job says so, not only the report. Cuts and ends at a call are the target's choices: counted."""
+    if stats["unparsed_call_markup"]:
+        log.warning("%s: %d of %d conversations with tools hold a turn whose text has the tool-call parser's markup "
+                    "and no call was read from it: check target.tool_call_parser (with tokenize.tool_rendering: "
+                    "text, the model wrote blocks that are not a JSON call)", dataset,
+                    stats["unparsed_call_markup"], stats["rows_with_tools"])
 
 
 def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
@@ -631,12 +689,17 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "prompts_available": len(prompts),
         "records": len(ok),
         "dropped_truncated": sum(r["status"] == "dropped_truncated" for r in records),
+        "dropped_context": sum(r["status"] == "dropped_context" for r in records),
+        "ends_at_context": sum("ends_at_context" in r for r in ok),
         "truncated_kept": sum("length" in r["finish_reasons"] for r in ok),
         "reasoning_records": sum(any("reasoning" in m for m in r["messages"]) for r in ok),
         "rows_with_tools": sum("tool_calls" in r for r in ok),
         "tool_calls": sum(r.get("tool_calls", 0) for r in ok),
         "cuts_by_reason": dict(Counter(r["cut"] for r in ok if "cut" in r)),
+        "ends_at_call": sum("ends_at_call" in r for r in ok),
         "fewer_calls": sum(bool(r.get("fewer_calls")) for r in ok),
+        "results_by_name": sum(r.get("results_by_name", 0) for r in ok),
+        "unparsed_call_markup": sum("unparsed_call_markup" in r for r in ok),
         "tool_call_token_source": dict(Counter(r["tool_call_tokens"] for r in ok if "tool_call_tokens" in r)),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),

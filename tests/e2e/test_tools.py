@@ -27,13 +27,14 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                             "parameters": {"type": "object",
                                                            "properties": {"city": {"type": "string"}}}}}
 OPENAI_ROW = {"id": "openai", "tools": [WEATHER], "messages": [
-    {"role": "user", "content": "Weather in Paris? calls=get_weather"},
+    {"role": "user", "content": "Weather in Paris? calls=get_weather:city=Paris"},
     {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                           "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     {"role": "tool", "tool_call_id": "c1", "content": "RESULT-PARIS-sunny-21C"},
     {"role": "assistant", "content": "It is sunny in Paris."}]}
 SHAREGPT_ROW = {"id": "sharegpt", "tools": json.dumps([WEATHER["function"]]), "conversations": [
-    {"from": "human", "value": "Weather in Rome and then Oslo? calls=get_weather,get_weather,get_weather"},
+    {"from": "human", "value": "Weather in Rome and then Oslo? "
+                               "calls=get_weather:city=Rome,get_weather:city=Oslo,get_weather:city=Oslo"},
     {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Rome"}})},
     {"from": "observation", "value": "RESULT-ROME-cloudy"},
     {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Oslo"}})},
@@ -73,7 +74,7 @@ def test_tool_rows_are_regenerated_paired_cut_and_supervised_on_the_calls_only(t
     results = work / "results"
     generated = json.loads((results / "responses" / "agent.stats.json").read_text())
     assert generated["rows_with_tools"] == 2 and generated["tool_calls"] == 4, generated
-    # The ShareGPT row's third call has no result in the dataset: cut there, its turn kept.
+    # The ShareGPT row's third call has no result in the dataset, which goes on (an answer): cut there, its turn kept.
     assert generated["cuts_by_reason"] == {"more_calls_than_results": 1}, generated
     assert generated["tool_call_token_source"] == {"template": 2}, generated  # a text endpoint: no token ids
     records = {json.loads(line)["id"]: json.loads(line) for line in (results / "responses" / "agent.jsonl").open()}

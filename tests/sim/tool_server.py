@@ -2,14 +2,18 @@
 
 The last user message holding ``calls=`` scripts the stretch that follows it: ``calls=a,b+c`` calls
 ``a`` in the first answer, ``b`` and ``c`` at once (parallel) in the second, and answers in text in
-the third and later ones. The answer's place in the stretch is the number of assistant messages since
-that user message, so the server keeps no state between requests and a resumed run gets the same
-answers. ``length=N`` ends the N-th answer (0-based) with ``finish_reason: length``; ``delay=S``
+the third and later ones. A call's arguments are ``{"step": <its answer's place>}``, or as scripted after
+its name: ``calls=get_weather:city=Paris;days=2`` calls ``get_weather(city="Paris", days=2)`` (a value
+is read as JSON where it is JSON, else as a string). The answer's place in the stretch is the number of
+assistant messages since that user message, so the server keeps no state between requests and a resumed run gets the
+same answers. ``length=N`` ends the N-th answer (0-based) with ``finish_reason: length``; ``delay=S``
 sleeps S seconds before answering.
 
 With ``text=True`` the calls are written into the content as Hermes ``<tool_call>`` blocks (what a
 model does where the tools are rendered as text and no parser runs), else returned in
-``message.tool_calls``. ``return_token_ids`` gets one made-up id per word of the answer. Every request
+``message.tool_calls``. ``return_token_ids`` gets, with a ``tokenizer``, the ids it gives for the text the
+answer stands for (its content, or its calls as Hermes blocks: what a Qwen3 model writes and the parser
+reads), else one made-up id per word of the answer. Every request
 body is kept in ``requests``. Runs in a thread like :class:`tests.sim.reasoning_server.ReasoningSim`.
 """
 
@@ -50,20 +54,22 @@ class ToolSim(ReasoningSim):
         found = re.search(r"calls=(\S+)", script)
         stretch = found.group(1).split(",") if found else []
         names = stretch[place].split("+") if place < len(stretch) else []
-        calls = [{"id": f"call_{place}_{i}", "type": "function",
-                  "function": {"name": name, "arguments": json.dumps({"step": place})}} for i, name in enumerate(names)]
+        calls = [{"id": f"call_{place}_{i}", "type": "function", "function": _scripted_call(name, place)}
+                 for i, name in enumerate(names)]
         message: dict = {"role": "assistant", "content": f"answer {place} done"}
         finish = "tool_calls" if calls else "stop"
+        written = "\n".join(
+            f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n'
+            "</tool_call>" for c in calls) if calls else message["content"]
         if calls and self.text:
-            message["content"] = "\n".join(
-                f'<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}\n'
-                "</tool_call>" for c in calls)
+            message["content"] = written
         elif calls:
             message = {"role": "assistant", "content": None, "tool_calls": calls}
         length = re.search(r"length=(\d+)", script)
         if length and int(length.group(1)) == place:
             finish = "length"
-        produced = list(range(len(json.dumps(message).split())))
+        produced = list(self.tokenizer(written, add_special_tokens=False)["input_ids"]) if self.tokenizer \
+            else list(range(len(json.dumps(message).split())))
         choice = {"index": 0, "message": message, "finish_reason": finish}
         prompt_tokens = self._prompt_tokens(body) if self.tokenizer else len(json.dumps(body["messages"]).split())
         payload = {"id": f"sim-{place}", "object": "chat.completion", "model": body.get("model"), "choices": [choice],
@@ -80,3 +86,18 @@ class ToolSim(ReasoningSim):
         text = self.tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
                                                   add_generation_prompt=True, **body.get("chat_template_kwargs", {}))
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _scripted_call(script: str, place: int) -> dict:
+    """``name`` or ``name:key=value;key=value`` as the call's function."""
+    name, _, arguments = script.partition(":")
+    if not arguments:
+        return {"name": name, "arguments": json.dumps({"step": place})}
+    parsed = {}
+    for pair in arguments.split(";"):
+        key, _, value = pair.partition("=")
+        try:
+            parsed[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parsed[key] = value
+    return {"name": name, "arguments": json.dumps(parsed)}
