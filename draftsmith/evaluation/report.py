@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
+from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import (
     drain_note,
@@ -325,10 +326,9 @@ def _evaluation(results: dict) -> list[str]:
                      f"{_fmt(row['baseline_tok_s'], '.1f')} | {_fmt(row['tok_s'], '.1f')} | "
                      f"{_fmt(row['speedup'], '.2f')}× |")
     lines += ["", "In flight: the requests the client held over the timed window; engine ran: the engine's own count "
-              "of running requests, read every 0.5 s, its mean below the client's while a request waits to be "
-              "admitted (a long prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than "
-              "the batch. A cell is ranked at a concurrency only where both the client's mean and the engine's peak "
-              "(where it was read at least 10 times) reached 0.9 of it."]
+              "of running requests, its mean below the client's while a request waits to be admitted (a long "
+              "prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than the batch. "
+              + held_rule_text()]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
