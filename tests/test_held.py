@@ -178,7 +178,7 @@ def test_a_drafter_its_kv_cache_held_back_is_ranked_at_what_it_delivered_with_wh
     entry = results["serving"][1]
     assert [c["method"] for c in entry["ranked"]] == ["eagle3", "ngram", "plain"] and not entry["nothing_held"]
     assert entry["not_held"] == [{"method": "eagle3", "k": 3, "why": why}]
-    band = card(card_inputs(results)).split("### Concurrency 16 and above")[1].split("## ")[0]
+    band = card(card_inputs(results)).split("### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert f"Ranked at what it delivered, not at the concurrency it did not hold: EAGLE-3 3 draft tokens: {why}." \
         in band
 
@@ -195,7 +195,7 @@ def test_a_band_where_nothing_held_is_not_served_as_plain_serving_won():
     chosen, said = pick.choose(rows, "speedup", 1)
     results = {**pick.results({"eagle3": eagle3}, rows, chosen, said, [1, 6], "speedup", 1, {}),
                "on_accelerator": True}
-    band = card(card_inputs(results)).split("### Concurrency 6 and above")[1].split("## ")[0]
+    band = card(card_inputs(results)).split("### Batch size 6 (measured at concurrency 6)")[1].split("## ")[0]
     assert f"**No method held this concurrency** (EAGLE-3 3 draft tokens: {why})" in band
     assert "Serve without speculation" not in band and "no setting is recommended at this band" in band
 

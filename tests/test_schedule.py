@@ -110,9 +110,8 @@ def test_bands_start_where_the_engine_ran_and_vllm_drafts_what_was_measured_ther
                                          [1, 12, 64], "speedup"), "eagle3")
     assert unread["starts"] == {"1": 1, "12": 12, "64": 64} and unread["starts_from"]["12"] == "concurrency"
     # the card's bands follow the same edges, and name the batch sizes above the largest measured
-    from draftsmith.evaluation.model_card import bands
-
-    assert bands([1, 12, 64], plan) == ["batch sizes 1 to 7 (measured at concurrency 1)",
+    assert [schedule.band_text(b) for b in schedule.bands(plan, [1, 12, 64])] == [
+                                        "batch sizes 1 to 7 (measured at concurrency 1)",
                                         "batch sizes 8 to 41 (measured at concurrency 12, where the engine ran 7.9 "
                                         "on average)",
                                         "batch sizes 42 to 64 (measured at concurrency 64, where the engine ran 41.6 "
@@ -157,7 +156,8 @@ def test_the_one_config_names_a_training_free_method_that_beat_the_drafter_every
     plan = schedule.build(results["serving"], "eagle3")
     served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
-    assert text.index("**n-gram, which needs no drafter, beat this drafter at every measured concurrency**") < \
+    assert text.index("n-gram with 1 draft token, which needs no drafter, beat EAGLE-3 at every measured "
+                      "concurrency: it is the best single config for every batch size") < \
         text.index('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2') < \
         text.index("This drafter's own config for every batch size, if you serve it:")
     # beaten at one band only: the drafter's own schedule is the one config

@@ -9,7 +9,6 @@ to reproduce it. Every figure comes from the run's own files; nothing is typed i
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field
 
@@ -18,9 +17,17 @@ import yaml
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
-from draftsmith.evaluation.schedule import best_single, describe
+from draftsmith.evaluation.schedule import band_text, bands, beaten_by, describe, one_config_text
 from draftsmith.generation.generate import GenerationSettings
-from draftsmith.training.export import ABOVE_SHARE, GATE_WINDOW, PREDICTED_SHARE, SAMPLED_Z, basis_text, sampling_text
+from draftsmith.training.export import (
+    ABOVE_SHARE,
+    GATE_WINDOW,
+    PREDICTED_SHARE,
+    SAMPLED_Z,
+    basis_text,
+    epoch_text,
+    sampling_text,
+)
 
 
 @dataclass
@@ -54,33 +61,9 @@ def front_matter(inputs: CardInputs) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-def bands(concurrencies: list[int], plan: dict | None = None) -> list[str]:
-    """The batch sizes each measured concurrency stands for: from where its engine ran (the schedule's band
-    starts, :func:`draftsmith.evaluation.schedule.band_starts`) up to the next band's start, the last up to its
-    concurrency with those above named unmeasured. Results from before the schedule recorded its starts: from
-    each concurrency up to the next one measured."""
-    points = sorted(concurrencies)
-    starts = (plan or {}).get("starts") or {}
-    if [int(c) for c in starts] != points:
-        return _concurrency_bands(points)
-    out = []
-    for i, c in enumerate(points):
-        first = starts[str(c)]
-        last = starts[str(points[i + 1])] - 1 if i + 1 < len(points) else c
-        span = f"batch size {first}" if first == last else f"batch sizes {first} to {last}"
-        running = (plan.get("running") or {}).get(str(c))
-        ran = f", where the engine ran {running:.1f} on average" if i and running is not None else ""
-        out.append(f"{span} (measured at concurrency {c}{ran})"
-                   + (f"; above {c} unmeasured, served at its setting" if i + 1 == len(points) else ""))
-    return out
-
-
-def _concurrency_bands(points: list[int]) -> list[str]:
-    if len(points) == 1:
-        return [f"any concurrency (measured at {points[0]})"]
-    middle = [f"{c} to {n - 1} (measured at {c})" for c, n in itertools.pairwise(points[1:])]
-    return [f"below {points[1]} (measured at {points[0]})", *middle,
-            f"{points[-1]} and above (measured at {points[-1]})"]
+def plan_of(inputs: CardInputs) -> dict | None:
+    """The published schedule, as ``serving.json`` holds it (the pick's copy where there is none)."""
+    return (inputs.serving or {}).get("schedule") or inputs.results.get("schedule")
 
 
 def _vllm(base_model: str, config: dict | None) -> str:
@@ -130,13 +113,13 @@ def serving(inputs: CardInputs) -> list[str]:
              f"against the target alone, on {where}. Tokens per target step count every step.", "",
              *drain_note(results)]
     evaluation = results["methods"].get(family, {})
-    for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"], results.get("schedule")),
-                       strict=True):
-        entry = by_concurrency.get(c, {})
+    for band in bands(plan_of(inputs), results["concurrency"]):
+        entry = by_concurrency.get(band["concurrency"], {})
         ranked = entry.get("ranked", [])
         ours = next((i for i, cell in enumerate(ranked) if cell["method"] == family), None)
         plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), None)
-        lines += [f"### {band[0].upper()}{band[1:]}" if band.startswith("batch") else f"### Concurrency {band}", ""]
+        heading = band_text(band)
+        lines += [f"### {heading[0].upper()}{heading[1:]}", ""]
         lines += _not_held(entry)
         if ours is None:
             lines += [f"{DISPLAY_NAME[family]} was not measured at this concurrency.", ""]
@@ -219,13 +202,11 @@ def schedule(inputs: CardInputs) -> list[str]:
                 f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) is vLLM's only, and "
                 f"these figures were measured with {inputs.results['engine']}: no schedule is given, since none was "
                 "measured. Use the per-band commands above."]
-    single = best_single(inputs.results.get("serving", []), inputs.family)
-    lead = [] if single is None else [
-        f"**{DISPLAY_NAME[single['method']]}, which needs no drafter, beat this drafter at every measured "
-        f"concurrency**: it is the best single config for every batch size ({_tokens(single['k'])}):", "", "```bash",
-        _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```", "",
-        "This drafter's own config for every batch size, if you serve it:", ""]
     plan, config = served["schedule"], served["speculative_config"]
+    single = beaten_by(plan, inputs.results.get("serving", []))
+    lead = [one_config_text(plan, inputs.results.get("serving", [])), ""] + ([] if single is None else [
+        "```bash", _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```",
+        "", "This drafter's own config for every batch size, if you serve it:", ""])
     command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
     if plan["kind"] == "plain":
         said = ["The target alone was fastest at every measured concurrency"
@@ -323,9 +304,15 @@ def predicted_against_served(inputs: CardInputs) -> list[str]:
     if not table:
         return []
     return ["## Served against predicted", "",
-            f"At the export gate vLLM served the first turns of validation rows (up to {GATE_WINDOW} tokens each); "
+            f"At the export gate vLLM served {_gate_epoch(inputs.gate)}the first turns of validation rows (up to "
+            f"{GATE_WINDOW} tokens each); "
             "the same drafter, replayed on the stored hidden states of those rows as a server drafts and verifies, "
             "predicted:", "", *table]
+
+
+def _gate_epoch(gate: dict | None) -> str:
+    """The epoch the gate served, where its record says (gates record it counted from 0)."""
+    return f"the exported {epoch_text(gate['epoch'])} on " if (gate or {}).get("epoch") is not None else ""
 
 
 def load_changed(results: dict) -> list[str]:
@@ -477,7 +464,7 @@ def recipe(inputs: CardInputs) -> list[str]:
             f"{t['optimizer']}, {t['scheduler']} schedule, sequence length {t['total_seq_len']}; target layers "
             f"{tr['hidden_states']['aux_layers']}{stored}; "
             + ("warm start from `" + tr["warm_start"]["source"] + "`" if tr.get("warm_start") else "from scratch")
-            + f". Exported epoch {epoch + 1 if epoch is not None else '–'} ({chosen.get('reason', '–')})."
+            + f". Exported {epoch_text(epoch)}: {chosen.get('reason', '–')}."
             + _trainer(tr.get("trainer")),
             "", f"Config digest: `{inputs.config_digest}` (what the results depend on; operational settings "
             "excluded)."]

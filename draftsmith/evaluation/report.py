@@ -17,8 +17,15 @@ from draftsmith.evaluation.model_card import (
     tool_calls,
 )
 from draftsmith.evaluation.pick import FIGURES, figures, label_of
-from draftsmith.evaluation.schedule import describe
-from draftsmith.training.export import ABOVE_SHARE, FLAG_MIN_ACCEPTED, GATE_WINDOW, PREDICTED_SHARE, basis_text
+from draftsmith.evaluation.schedule import describe, one_config_text
+from draftsmith.training.export import (
+    ABOVE_SHARE,
+    FLAG_MIN_ACCEPTED,
+    GATE_WINDOW,
+    PREDICTED_SHARE,
+    basis_text,
+    epoch_text,
+)
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
 
@@ -352,7 +359,6 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
         hs.get("storage"), "")  # runs from before storage was a choice stored bf16, unsaid
     layout = f" ({hs.get('layout')} layout{stored})" if hs.get("layout") else ""
     start = f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."
-    exported = chosen["epoch"] + 1 if chosen.get("epoch") is not None else None
     lines = ["## Drafter training", "",
              f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators "
              f"{family_name(training)}"
@@ -365,8 +371,8 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
              f"{vocab['target_vocab_size']}, covering {vocab['coverage']:.1%} of the supervised training tokens "
              f"(d2t sha256 `{vocab['d2t_sha256'][:12]}…`).", "",
              *_trainer(training), "",
-             f"**Exported: epoch {_fmt(exported, 'd')}** "
-             f"({chosen.get('reason', '–')}). Export gate: {_gate(gate)}, {gate.get('verdict', '–')}.", "",
+             f"**Exported: {epoch_text(chosen.get('epoch'))}**: "
+             f"{chosen.get('reason', '–')}. Export gate: {_gate(gate)}, {gate.get('verdict', '–')}.", "",
              "Validation per epoch. speculators' own figures: full_acc_k, the first k+1 drafted tokens all match "
              "the target's best token among the draft vocabulary, at every answer position, simulated τ = 1 + Σ "
              "full_acc_k; position_k_acc: position k of a drafted block matches, simulated τ = the mean accepted run "
@@ -622,7 +628,7 @@ def schedule_section(inputs: Inputs) -> list[str]:
     if not inputs.serving:
         return []
     plan = inputs.serving["schedule"]
-    lines = ["## One config for every batch size", "",
+    lines = ["## One config for every batch size", "", one_config_text(plan, inputs.results.get("serving", [])), "",
              f"{DISPLAY_NAME[plan['family']]}'s schedule ({plan['kind']}): {describe(plan)}; "
              "`results/drafter/serving.json` holds the vLLM config."]
     if plan["kind"] == "dynamic":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from draftsmith.evaluation import methods
-from draftsmith.evaluation.methods import PLAIN
+from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN
 
 # The end of the last range: vLLM carries the last k past it anyway, and clips every range to max_num_seqs.
 LAST_BATCH = 1024
@@ -98,7 +98,8 @@ def build(serving: list[dict], family: str) -> dict:
             "starts_from": {str(c): "engine" if running.get(c) is not None else "concurrency" for c in sorted(ks)},
             "running": {str(c): None if running.get(c) is None else round(running[c], 2) for c in sorted(ks)},
             "not_held": not_held(serving, family),
-            "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None}
+            "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None,
+            "beaten_by": best_single(serving, family)}
 
 
 def not_held(serving: list[dict], family: str) -> dict[str, str]:
@@ -134,6 +135,51 @@ def best_single(serving: list[dict], family: str) -> dict | None:
     return {"method": method, "k": max(set(ks), key=lambda k: (ks.count(k), k))}
 
 
+def beaten_by(schedule: dict, serving: list[dict]) -> dict | None:
+    """The training-free method that is the best single config in place of the schedule's family
+    (:func:`best_single`, as the pick recorded it; schedules from before it was recorded: from the serving table
+    they were built from, nothing measured again)."""
+    return schedule["beaten_by"] if "beaten_by" in schedule else best_single(serving, schedule["family"])
+
+
+def one_config_text(schedule: dict, serving: list[dict]) -> str:
+    """Which single config serves every batch size best, in words: the only wording of it (report, card and
+    ``serving.json``'s ``described`` all say this)."""
+    family = DISPLAY_NAME.get(schedule["family"], schedule["family"])
+    single = beaten_by(schedule, serving)
+    if single is None:
+        return f"The best single config for every batch size is {family}'s schedule ({schedule['kind']})."
+    k = single["k"]
+    return (f"{DISPLAY_NAME.get(single['method'], single['method'])} with {k} draft token{'' if k == 1 else 's'}, "
+            f"which needs no drafter, beat {family} at every measured concurrency: it is the best single config "
+            f"for every batch size, and {family}'s own schedule is for those who serve the drafter anyway.")
+
+
+def bands(schedule: dict | None, concurrencies: list[int]) -> list[dict]:
+    """Each measured concurrency's band of batch sizes, as the schedule's ranges start them (:func:`band_starts`):
+    ``first`` and ``last`` batch size, the ``concurrency`` it was measured at, the engine's mean ``running``
+    there, and whether batch sizes above it are unmeasured (the last). Schedules from before they recorded their
+    starts: each band from its concurrency, as :func:`ranges` drew them then."""
+    points = sorted(concurrencies)
+    recorded = (schedule or {}).get("starts") or {}
+    starts = [recorded[str(c)] for c in points] if [int(c) for c in recorded] == points else band_starts(points)
+    running = (schedule or {}).get("running") or {}
+    return [{"first": first, "last": starts[i + 1] - 1 if i + 1 < len(points) else c, "concurrency": c,
+             "running": running.get(str(c)), "unmeasured_above": i + 1 == len(points)}
+            for i, (first, c) in enumerate(zip(starts, points, strict=True))]
+
+
+def band_text(band: dict) -> str:
+    """A band's batch sizes in words, with where it was measured (the card's headings; :func:`describe`'s
+    ranges start at the same batch sizes)."""
+    first, last, c = band["first"], band["last"], band["concurrency"]
+    span = f"batch size {first}" if first == last else f"batch sizes {first} to {last}"
+    ran = f", where the engine ran {band['running']:.1f} on average" \
+        if band["running"] is not None and band["first"] > 1 else ""
+    return (f"{span} (measured at concurrency {c}{ran})"
+            + (f"; above {c} unmeasured, served at its setting" if band["unmeasured_above"] else ""))
+
+
 def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict | None:
     """vLLM's ``--speculative-config`` serving ``schedule`` with the drafter in ``drafter`` (None: plain serving).
     A block family's cells have one k, its trained block, so its schedule drafts that or nothing."""
@@ -149,6 +195,8 @@ def describe(schedule: dict) -> str:
     """The schedule in words, band by band: those that did not hold, and the batch sizes above the largest
     concurrency measured, named unmeasured."""
     parts = []
+    if schedule.get("beaten_by"):  # serving.json says which config won, not only the drafter's own
+        parts.append(one_config_text(schedule, []).removesuffix("."))
     above = schedule.get("unmeasured_above")  # schedules from before it was recorded: none
     for first, last, k in schedule["ranges"]:
         end = min(last, above["from"] - 1) if above else last
