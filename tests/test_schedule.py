@@ -184,7 +184,7 @@ def test_a_cpus_config_says_its_draft_length_is_the_largest_not_a_gpus_best():
                                                                          serving=served)))
     whole = card(card_inputs(results, serving=served))
     assert "carries over" not in whole
-    assert "a CPU prefers the largest draft length measured but for the runs' noise" in whole
+    assert "On a CPU tokens per step rise with the draft length but for the runs' noise" in whole
 
 
 def test_a_band_served_plain_starts_where_the_target_alones_engine_ran_not_the_drafters():

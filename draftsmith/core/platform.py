@@ -64,3 +64,9 @@ def ranking_figure(pick_by: str, device: str) -> str:
     there say nothing of a GPU's and plain serving would win everywhere: the figure that carries over is
     tokens per target step (``tau``)."""
     return pick_by if is_cuda(device) else "tau"
+
+
+def cpu_ranking_text() -> str:
+    """:func:`ranking_figure`'s CPU rule in one sentence (the card's note under what to serve)."""
+    return ("Measured on a CPU, where a draft costs about a target step, so settings are ranked by tokens per "
+            "target step and the speed-ups say nothing of a GPU's.")

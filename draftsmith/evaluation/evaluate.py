@@ -778,11 +778,15 @@ def short(run: dict, concurrency: int) -> bool:
 
 
 def held_rule_text() -> str:
-    """:func:`hold`'s rule in words, for every page that shows whether a figure held (the report, the card)."""
-    return (f"A cell is ranked at a concurrency as held only where its client's mean in flight reached {HELD:g} of "
-            f"the concurrency, the target alone's did too, and its engine's mean running count reached {HELD:g} of "
-            f"the target alone's at the same point. The engine's count is read every {SAMPLE_S:g} s; a window read "
-            f"fewer than {MIN_READINGS} times is sent more rounds until it is.")
+    """:func:`hold`'s rule in one sentence, for every page that shows whether a figure held (report, card)."""
+    return (f"Held: the client kept {HELD:g} of the concurrency in flight, the target alone did too, and the engine "
+            f"ran {HELD:g} of the target alone's mean running count.")
+
+
+def readings_text() -> str:
+    """How the engine's running count that :func:`hold` judges is read, in one sentence."""
+    return (f"The engine's count is read every {SAMPLE_S:g} s; a window read fewer than {MIN_READINGS} times is "
+            "sent more rounds until it is.")
 
 
 def against(runs: list[dict], base_runs: list[dict], concurrency: int) -> list[dict]:

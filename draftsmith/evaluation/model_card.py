@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from draftsmith.core.platform import cpu_ranking_text
 from draftsmith.data.datasets import hub_id
+from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
-from draftsmith.evaluation.schedule import band_text, bands, beaten_by, describe, one_config_text
+from draftsmith.evaluation.schedule import band_text, bands, beaten_by, describe_bands, one_config_text
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
@@ -77,6 +79,9 @@ def _figures(cell: dict) -> str:
             f"step" + (f" (τ per draft {_num(cell['tau'], '.3f')})" if cell.get("tau") is not None else ""))
 
 
+CPU_DRAFT_LENGTHS = ("On a CPU tokens per step rise with the draft length but for the runs' noise, so the draft "
+                     "lengths below say nothing of a GPU's best. Measure on your GPUs with `./run.sh` and "
+                     "`server.gpus` set.")
 COUNTED_AT_COMPLETION = "completed requests"  # evaluate.TOKENS_COUNTED["sglang"]: a run's ``tokens_counted``
 DRAIN_NOTE = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail below "
               "concurrency c is inside them.")
@@ -91,6 +96,73 @@ def drain_note(results: dict) -> list[str]:
     return [DRAIN_NOTE, ""] if any(run.get("tokens_counted") == COUNTED_AT_COMPLETION for run in runs) else []
 
 
+def what_to_serve(inputs: CardInputs) -> list[str]:
+    """The card's first screen: per concurrency band, the setting measured best there first where it needs no
+    drafter (a training-free method, or plain serving), then this drafter's own command, each with what it gave;
+    a short note under the band for what did not hold, and under them all for a CPU's ranking."""
+    results, family = inputs.results, inputs.family
+    by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
+    device = "a GPU" if results.get("on_accelerator") else "a CPU"
+    lines = ["## What to serve", "",
+             f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
+             "band the setting measured best comes first."]
+    for band in bands(plan_of(inputs), results["concurrency"]):
+        entry = by_concurrency.get(band["concurrency"], {})
+        ranked = entry.get("ranked", [])
+        ours = next((c for c in ranked if c["method"] == family), None)
+        best = _ahead(ranked, ours, bool(results.get("on_accelerator")))
+        heading = band_text(band)
+        lines += ["", f"### {heading[0].upper()}{heading[1:]}", ""]
+        if best is not None and not entry.get("nothing_held"):
+            lines += [_best_line(best), *_command(inputs, best)]
+        if ours is None:
+            lines.append(f"{DISPLAY_NAME[family]} was not measured at this concurrency.")
+        else:
+            lines += [f"This drafter, {_tokens(ours['k'])}: {_figures(ours)}.", *_command(inputs, ours)]
+        lines += _band_notes(entry)
+    if not results.get("on_accelerator"):
+        lines += ["", cpu_ranking_text()]
+    return lines
+
+
+def _ahead(ranked: list[dict], ours: dict | None, accelerator: bool) -> dict | None:
+    """The setting to serve before this drafter at a band: the first ranked above it that needs no drafter, plain
+    serving only on an accelerator (a CPU's ranking says nothing of speed)."""
+    above = ranked[:ranked.index(ours)] if ours in ranked else ranked
+    return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
+
+
+def _best_line(cell: dict) -> str:
+    """The best setting of a band that needs no drafter, in one sentence."""
+    if cell["method"] == PLAIN:
+        return "Serve without speculation: the target alone was fastest here."
+    return f"{DISPLAY_NAME[cell['method']]}, {_tokens(cell['k'])}, needs no drafter: {_figures(cell)}."
+
+
+def _command(inputs: CardInputs, cell: dict) -> list[str]:
+    """The vLLM command serving a ranked cell as it was measured: this drafter from its folder, a training-free
+    method with the measurement's settings."""
+    if cell["method"] == PLAIN:
+        config = None
+    elif cell["trained"]:
+        config = speculative_config(cell["method"], cell["k"], {}, "<this folder>")
+    else:
+        config = speculative_config(cell["method"], cell["k"], inputs.results)
+    return ["```bash", _vllm(inputs.base_model, config), "```"]
+
+
+def _band_notes(entry: dict) -> list[str]:
+    """Short notes under a band: a band where nothing held, each cell that did not hold and why, and the rule."""
+    if not entry.get("not_held"):
+        return []
+    notes = [f"{DISPLAY_NAME.get(n['method'], n['method'])} {_tokens(n['k'])} did not hold this concurrency: "
+             f"{n['why']}." for n in entry["not_held"]]
+    if entry.get("nothing_held"):
+        notes.insert(0, "No method held this concurrency, so no setting is recommended here until it is measured "
+                        "again.")
+    return [line for note in [*notes, held_rule_text()] for line in ("", note)]
+
+
 def serving(inputs: CardInputs) -> list[str]:
     """Per concurrency band: this drafter at the draft length measured best there, or plain serving where the
     target alone was faster on an accelerator, each with its command; every training-free method that beat
@@ -99,19 +171,12 @@ def serving(inputs: CardInputs) -> list[str]:
     by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
     figure = FIGURES[results["pick"]["by"]]
     accelerator = results.get("on_accelerator")
-    where = (f"a GPU, ranked by {figure}" if accelerator else
-             f"a CPU (vLLM's CPU build), ranked by {figure}: there drafting costs about as much as a target step, "
-             "so the target alone is faster at almost every setting and the speed-ups say nothing of a GPU's. "
-             "Ranked by tokens per target step, a CPU prefers the largest draft length measured but for the runs' "
-             "noise (each more draft token adds accepted tokens at no cost that it can see; a shorter length ahead "
-             "is ahead by sampling, not by its cost), so the draft lengths below say nothing "
-             "of a GPU's best: the speed-ups that matter come from your GPUs, and with them the draft length that "
-             "earns the most: measure them with `./run.sh` and `server.gpus` set")
-    lines = ["## Serving recipe", "",
+    where = f"a GPU, ranked by {figure}" if accelerator else f"a CPU (vLLM's CPU build), ranked by {figure}"
+    lines = ["## Serving recipe, band by band", "",
              f"Measured by draftsmith with {results['engine']} at concurrency "
              f"{', '.join(map(str, results['concurrency']))} (each the requests held in flight), each setting "
              f"against the target alone, on {where}. Tokens per target step count every step.", "",
-             *drain_note(results)]
+             *([] if accelerator else [CPU_DRAFT_LENGTHS, ""]), *drain_note(results)]
     evaluation = results["methods"].get(family, {})
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
@@ -218,7 +283,7 @@ def schedule(inputs: CardInputs) -> list[str]:
     else:
         failed = [c["failed"] for c in (served.get("measured") or {}).get("cells", []) if c.get("failed")]
         said = [f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`, read by its "
-                f"scheduler at every step): {describe(plan)}. "
+                f"scheduler at every step): {describe_bands(plan)}. "
                 + (f"**vLLM could not serve it here** ({failed[0]}): use the per-band commands above." if failed
                    else "One command for mixed traffic (`serving.json` holds the config; SGLang has no such "
                         "schedule: use the per-band commands above). vLLM ignores it with data parallelism "
@@ -229,7 +294,7 @@ def schedule(inputs: CardInputs) -> list[str]:
 
 def _unmeasured(plan: dict) -> str:
     """A fixed or plain schedule's batch sizes that no cell measured as held: above the largest concurrency
-    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`describe` names them)."""
+    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`describe_bands` names them)."""
     above = plan.get("unmeasured_above")
     said = [f" Batch sizes from {above['from']} up are unmeasured (the largest concurrency measured was "
             f"{above['from'] - 1}): vLLM serves them at the same setting."] if above else []
@@ -501,10 +566,11 @@ def card(inputs: CardInputs) -> str:
              f"# {DISPLAY_NAME[inputs.family]} drafter for {inputs.base_model}", "",
              f"A speculative-decoding drafter trained by draftsmith with "
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
-             f"`{inputs.base_model}`. The license of the base model applies.", "",
+             f"`{inputs.base_model}`; the base model's license applies.", "",
+             *what_to_serve(inputs), "", *results_table(inputs.results), "",
              *serving(inputs), "", *_section(schedule(inputs)), *_section(load_changed(inputs.results)),
              *_section(recipe_by_workload(inputs.results, inputs.workloads)),
-             *results_table(inputs.results), "", *_section(tool_calls(inputs.results, inputs.workloads)),
+             *_section(tool_calls(inputs.results, inputs.workloads)),
              *_section(predicted_against_served(inputs)),
              *_section(pick(inputs.results)),
              *training_data(inputs), "",

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
-from draftsmith.evaluation.evaluate import held_rule_text
+from draftsmith.evaluation.evaluate import held_rule_text, readings_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import (
     drain_note,
@@ -17,7 +17,7 @@ from draftsmith.evaluation.model_card import (
     tool_calls,
 )
 from draftsmith.evaluation.pick import FIGURES, figures, label_of
-from draftsmith.evaluation.schedule import describe, one_config_text
+from draftsmith.evaluation.schedule import describe_bands, one_config_text
 from draftsmith.training.export import (
     ABOVE_SHARE,
     FLAG_MIN_ACCEPTED,
@@ -335,7 +335,7 @@ def _evaluation(results: dict) -> list[str]:
     lines += ["", "In flight: the requests the client held over the timed window; engine ran: the engine's own count "
               "of running requests, its mean below the client's while a request waits to be admitted (a long "
               "prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than the batch. "
-              + held_rule_text()]
+              + f"{held_rule_text()} {readings_text()}"]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
@@ -629,7 +629,7 @@ def schedule_section(inputs: Inputs) -> list[str]:
         return []
     plan = inputs.serving["schedule"]
     lines = ["## One config for every batch size", "", one_config_text(plan, inputs.results.get("serving", [])), "",
-             f"{DISPLAY_NAME[plan['family']]}'s schedule ({plan['kind']}): {describe(plan)}; "
+             f"{DISPLAY_NAME[plan['family']]}'s schedule ({plan['kind']}): {describe_bands(plan)}; "
              "`results/drafter/serving.json` holds the vLLM config."]
     if plan["kind"] == "dynamic":
         lines += ["", *schedule_table(inputs.serving.get("measured") or {}, inputs.results)]

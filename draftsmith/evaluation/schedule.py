@@ -21,6 +21,7 @@ differs between bands is served once more and measured at every concurrency of t
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from draftsmith.evaluation import methods
@@ -158,15 +159,29 @@ def one_config_text(schedule: dict, serving: list[dict]) -> str:
 def bands(schedule: dict | None, concurrencies: list[int]) -> list[dict]:
     """Each measured concurrency's band of batch sizes, as the schedule's ranges start them (:func:`band_starts`):
     ``first`` and ``last`` batch size, the ``concurrency`` it was measured at, the engine's mean ``running``
-    there, and whether batch sizes above it are unmeasured (the last). Schedules from before they recorded their
-    starts: each band from its concurrency, as :func:`ranges` drew them then."""
+    there, and whether batch sizes above it are unmeasured (the last)."""
     points = sorted(concurrencies)
-    recorded = (schedule or {}).get("starts") or {}
-    starts = [recorded[str(c)] for c in points] if [int(c) for c in recorded] == points else band_starts(points)
+    starts = _starts_of(schedule or {}, points)
     running = (schedule or {}).get("running") or {}
     return [{"first": first, "last": starts[i + 1] - 1 if i + 1 < len(points) else c, "concurrency": c,
              "running": running.get(str(c)), "unmeasured_above": i + 1 == len(points)}
             for i, (first, c) in enumerate(zip(starts, points, strict=True))]
+
+
+def _starts_of(schedule: dict, points: list[int]) -> list[int]:
+    """Each band's first batch size: as the schedule recorded them, else where its ranges change k (a schedule
+    from before it recorded its starts; bands its ranges merged start at their concurrency), else each band from
+    its concurrency (no schedule), as :func:`ranges` drew them."""
+    recorded, k_at = schedule.get("starts") or {}, schedule.get("k_at") or {}
+    if [int(c) for c in recorded] == points:
+        return [recorded[str(c)] for c in points]
+    if [int(c) for c in k_at] != points or not schedule.get("ranges"):
+        return band_starts(points)
+    edges, starts = iter(r[0] for r in schedule["ranges"][1:]), [1]
+    for before, c in itertools.pairwise(points):
+        start = next(edges, c) if k_at[str(before)] != k_at[str(c)] else c
+        starts.append(max(starts[-1] + 1, start))
+    return starts
 
 
 def band_text(band: dict) -> str:
@@ -192,11 +207,16 @@ def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict |
 
 
 def describe(schedule: dict) -> str:
+    """The schedule in words as ``serving.json`` and the pick's log hold it: where a training-free method beat its
+    family everywhere, that first (the file then says which config won), then :func:`describe_bands`."""
+    lead = one_config_text(schedule, []).removesuffix(".") + "; " if schedule.get("beaten_by") else ""
+    return lead + describe_bands(schedule)
+
+
+def describe_bands(schedule: dict) -> str:
     """The schedule in words, band by band: those that did not hold, and the batch sizes above the largest
     concurrency measured, named unmeasured."""
     parts = []
-    if schedule.get("beaten_by"):  # serving.json says which config won, not only the drafter's own
-        parts.append(one_config_text(schedule, []).removesuffix("."))
     above = schedule.get("unmeasured_above")  # schedules from before it was recorded: none
     for first, last, k in schedule["ranges"]:
         end = min(last, above["from"] - 1) if above else last
