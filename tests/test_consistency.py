@@ -116,4 +116,4 @@ def test_the_cards_first_screen_says_what_to_serve_in_short_notes():
     screen = text.split("## What to serve")[1].split("\n## ")[0]
     notes = [line for line in screen.splitlines() if line.startswith(("Held:", "EAGLE-3 1 draft token did not"))]
     assert len(notes) == 2 and all(len(note.split()) <= 30 and note.count(".") <= 3 for note in notes)
-    assert max(len(sentence.split()) for line in prose for sentence in re.split(r"(?<=[.!?])\s", line)) <= 60
+    assert max(len(sentence.split()) for line in prose for sentence in re.split(r"(?<=[.!?])\s", line)) <= 50

@@ -19,7 +19,7 @@ from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
-from draftsmith.evaluation.schedule import band_text, bands, beaten_by, describe_bands, one_config_text
+from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
@@ -282,12 +282,13 @@ def schedule(inputs: CardInputs) -> list[str]:
                 + _unmeasured(plan)]
     else:
         failed = [c["failed"] for c in (served.get("measured") or {}).get("cells", []) if c.get("failed")]
-        said = [f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`, read by its "
-                f"scheduler at every step): {describe_bands(plan)}. "
-                + (f"**vLLM could not serve it here** ({failed[0]}): use the per-band commands above." if failed
-                   else "One command for mixed traffic (`serving.json` holds the config; SGLang has no such "
-                        "schedule: use the per-band commands above). vLLM ignores it with data parallelism "
-                        "(`--data-parallel-size` above 1), serving the largest k at every batch size:")]
+        said = ["vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) drafts a length of "
+                "its own at each band of batch sizes, read by its scheduler at every step:", "",
+                *(f"- {part}" for part in band_parts(plan)), "",
+                f"**vLLM could not serve it here** ({failed[0]}): use the per-band commands above." if failed
+                else "One command for mixed traffic; `serving.json` holds the config. SGLang has no such schedule: "
+                     "use the per-band commands above. vLLM ignores it with data parallelism (`--data-parallel-size` "
+                     "above 1), serving the largest k at every batch size:"]
         command = ([] if failed else command) + ["", *schedule_table(served.get("measured") or {}, inputs.results)]
     return ["## One config for every batch size", "", *lead, *said, "", *command, *_cpu_caveat(inputs.results)]
 
@@ -369,10 +370,9 @@ def predicted_against_served(inputs: CardInputs) -> list[str]:
     if not table:
         return []
     return ["## Served against predicted", "",
-            f"At the export gate vLLM served {_gate_epoch(inputs.gate)}the first turns of validation rows (up to "
-            f"{GATE_WINDOW} tokens each); "
-            "the same drafter, replayed on the stored hidden states of those rows as a server drafts and verifies, "
-            "predicted:", "", *table]
+            f"At the export gate vLLM served {_gate_epoch(inputs.gate)}the first turns of validation rows, up to "
+            f"{GATE_WINDOW} tokens each. The same drafter, replayed on the stored hidden states of those rows as a "
+            "server drafts and verifies, predicted:", "", *table]
 
 
 def _gate_epoch(gate: dict | None) -> str:

@@ -214,7 +214,12 @@ def describe(schedule: dict) -> str:
 
 
 def describe_bands(schedule: dict) -> str:
-    """The schedule in words, band by band: those that did not hold, and the batch sizes above the largest
+    """The schedule in words, band by band (:func:`band_parts`)."""
+    return "; ".join(band_parts(schedule))
+
+
+def band_parts(schedule: dict) -> list[str]:
+    """The schedule band by band, one phrase each: those that did not hold, and the batch sizes above the largest
     concurrency measured, named unmeasured."""
     parts = []
     above = schedule.get("unmeasured_above")  # schedules from before it was recorded: none
@@ -231,5 +236,5 @@ def describe_bands(schedule: dict) -> str:
     if schedule.get("unmeasured"):  # no speculation there is the safe setting, not one plain serving won
         parts.append(f"{schedule['family']} has no figure at concurrency "
                      f"{', '.join(map(str, schedule['unmeasured']))}: served there without speculation, unmeasured")
-    return "; ".join(parts)
+    return parts
 
