@@ -117,3 +117,15 @@ def test_the_cards_first_screen_says_what_to_serve_in_short_notes():
     notes = [line for line in screen.splitlines() if line.startswith(("Held:", "EAGLE-3 1 draft token did not"))]
     assert len(notes) == 2 and all(len(note.split()) <= 30 and note.count(".") <= 3 for note in notes)
     assert max(len(sentence.split()) for line in prose for sentence in re.split(r"(?<=[.!?])\s", line)) <= 50
+
+
+def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
+    from draftsmith.core import platform
+    from draftsmith.evaluation.pick import FIGURES
+
+    results = {**records.results(), "on_accelerator": False}
+    text, report = render(results, records.serving(results), records.GATE)
+    said = platform.cpu_ranking_text()
+    assert said in text and said in report
+    assert f"ranked by {FIGURES[platform.ranking_figure('speedup', 'cpu')]}" in said
+    assert platform.ranking_figure("speedup", "cuda") == "speedup"

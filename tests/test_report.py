@@ -223,7 +223,7 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
         "### Batch size 8 (measured at concurrency 8)")[0]
     assert "speed-ups that matter" not in on_gpus
     assert ('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "prompt_lookup_max": 4}' in text)
-    assert "Measure on your GPUs with `./run.sh` and `server.gpus` set." in text
+    assert "Measure on your GPUs with `./run.sh` and `server.gpus` set before serving it there." in text
 
 
 def test_a_suffix_winner_is_recommended_as_it_was_measured_without_its_tree_of_earlier_answers():

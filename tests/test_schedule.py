@@ -179,7 +179,7 @@ def test_a_cpus_config_says_its_draft_length_is_the_largest_not_a_gpus_best():
     plan = schedule.build(results["serving"], "eagle3")
     served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
-    assert "this config's draft length is not a GPU's best" in text
+    assert "a draft length measured there is not a GPU's best" in text
     assert "Batch sizes from 65 up are unmeasured (the largest concurrency measured was 64)" in text  # fixed k=3
     assert "not a GPU's best" not in "\n".join(card_schedule(card_inputs({**results, "on_accelerator": True},
                                                                          serving=served)))

@@ -70,3 +70,9 @@ def cpu_ranking_text() -> str:
     """:func:`ranking_figure`'s CPU rule in one sentence (the card's note under what to serve)."""
     return ("Measured on a CPU, where a draft costs about a target step, so settings are ranked by tokens per "
             "target step and the speed-ups say nothing of a GPU's.")
+
+
+def cpu_draft_length_text() -> str:
+    """What a CPU's ranking by tokens per target step says of the draft length, in one sentence."""
+    return ("On a CPU tokens per step rise with the draft length but for the runs' noise, so a draft length "
+            "measured there is not a GPU's best.")

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from draftsmith.core.platform import cpu_ranking_text
+from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
-from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text
+from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
@@ -79,9 +79,7 @@ def _figures(cell: dict) -> str:
             f"step" + (f" (τ per draft {_num(cell['tau'], '.3f')})" if cell.get("tau") is not None else ""))
 
 
-CPU_DRAFT_LENGTHS = ("On a CPU tokens per step rise with the draft length but for the runs' noise, so the draft "
-                     "lengths below say nothing of a GPU's best. Measure on your GPUs with `./run.sh` and "
-                     "`server.gpus` set.")
+MEASURE_ON_GPUS = "Measure on your GPUs with `./run.sh` and `server.gpus` set before serving it there."
 COUNTED_AT_COMPLETION = "completed requests"  # evaluate.TOKENS_COUNTED["sglang"]: a run's ``tokens_counted``
 DRAIN_NOTE = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail below "
               "concurrency c is inside them.")
@@ -176,7 +174,7 @@ def serving(inputs: CardInputs) -> list[str]:
              f"Measured by draftsmith with {results['engine']} at concurrency "
              f"{', '.join(map(str, results['concurrency']))} (each the requests held in flight), each setting "
              f"against the target alone, on {where}. Tokens per target step count every step.", "",
-             *([] if accelerator else [CPU_DRAFT_LENGTHS, ""]), *drain_note(results)]
+             *([] if accelerator else [f"{cpu_draft_length_text()} {MEASURE_ON_GPUS}", ""]), *drain_note(results)]
     evaluation = results["methods"].get(family, {})
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
@@ -275,11 +273,12 @@ def schedule(inputs: CardInputs) -> list[str]:
     command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
     if plan["kind"] == "plain":
         said = ["The target alone was fastest at every measured concurrency"
-                + (" that held" if plan.get("not_held") else "") + ": serve without speculation." + _unmeasured(plan)]
+                + (" that held" if plan.get("not_held") else "") + ": serve without speculation."
+                + unmeasured_text(plan)]
     elif plan["kind"] == "fixed":
         said = [f"{DISPLAY_NAME[plan['family']]} drafts {_tokens(plan['max_k'])} at every measured concurrency, so "
                 "one fixed config serves every batch size; the grid measured it (`serving.json` holds it)."
-                + _unmeasured(plan)]
+                + unmeasured_text(plan)]
     else:
         failed = [c["failed"] for c in (served.get("measured") or {}).get("cells", []) if c.get("failed")]
         said = ["vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) drafts a length of "
@@ -293,23 +292,11 @@ def schedule(inputs: CardInputs) -> list[str]:
     return ["## One config for every batch size", "", *lead, *said, "", *command, *_cpu_caveat(inputs.results)]
 
 
-def _unmeasured(plan: dict) -> str:
-    """A fixed or plain schedule's batch sizes that no cell measured as held: above the largest concurrency
-    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`describe_bands` names them)."""
-    above = plan.get("unmeasured_above")
-    said = [f" Batch sizes from {above['from']} up are unmeasured (the largest concurrency measured was "
-            f"{above['from'] - 1}): vLLM serves them at the same setting."] if above else []
-    said += [f" Concurrency {c} did not hold ({why}): unmeasured." for c, why in (plan.get("not_held") or {}).items()]
-    return "".join(said)
-
-
 def _cpu_caveat(results: dict) -> list[str]:
     """Beside a config measured on a CPU: its draft length is what tokens per step prefer, not a GPU's best."""
     if results.get("on_accelerator", True):
         return []
-    return ["", "Measured on a CPU and ranked by tokens per target step, which rise with the draft length but for "
-                "the runs' noise: this config's draft length is not a GPU's best. Measure on your GPUs before "
-                "serving it there."]
+    return ["", f"{cpu_draft_length_text()} {MEASURE_ON_GPUS}"]
 
 
 def schedule_table(measured: dict, results: dict) -> list[str]:

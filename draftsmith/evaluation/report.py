@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
+from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.evaluation.evaluate import held_rule_text, readings_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import (
@@ -251,10 +252,8 @@ def _serving(results: dict) -> list[str]:
              "with a drafter that always drafts. Each concurrency is the requests held in flight over the timed "
              "window (the evaluation table gives each run's mean).", "", *drain_note(results)]
     if asked != results["pick"]["by"]:
-        lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by): measured on a CPU, where drafting "
-                  "costs about as much as a target step, so the target alone is faster everywhere and speed-ups say "
-                  "nothing of a GPU's. The tokens per step carry over; the best draft length does not: ranked by "
-                  "tokens per step, the largest draft length measured wins but for the runs' noise.", ""]
+        lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by). {cpu_ranking_text()} "
+                  f"{cpu_draft_length_text()}", ""]
     lines += [
               "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
               "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]
@@ -657,9 +656,7 @@ def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_p
              *_section(_tool_data(inputs.generation, inputs.tokenized)),
              *_section(_repetition(inputs.tokenized))]
     if not inputs.results.get("on_accelerator"):
-        lines += ["Measured on a CPU: there the figure of merit is τ (tokens per target step), as drafting costs "
-                  "about as much as the target's own step and no speed-up is expected; the speed-ups that matter "
-                  "come from your GPUs.", ""]
+        lines += [cpu_ranking_text(), ""]
     return "\n".join(lines)
 
 

@@ -195,6 +195,16 @@ def band_text(band: dict) -> str:
             + (f"; above {c} unmeasured, served at its setting" if band["unmeasured_above"] else ""))
 
 
+def unmeasured_text(plan: dict) -> str:
+    """A fixed or plain schedule's batch sizes that no cell measured as held: above the largest concurrency
+    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`band_parts` names them)."""
+    above = plan.get("unmeasured_above")
+    said = [f" Batch sizes from {above['from']} up are unmeasured (the largest concurrency measured was "
+            f"{above['from'] - 1}): vLLM serves them at the same setting."] if above else []
+    said += [f" Concurrency {c} did not hold ({why}): unmeasured." for c, why in (plan.get("not_held") or {}).items()]
+    return "".join(said)
+
+
 def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict | None:
     """vLLM's ``--speculative-config`` serving ``schedule`` with the drafter in ``drafter`` (None: plain serving).
     A block family's cells have one k, its trained block, so its schedule drafts that or nothing."""
