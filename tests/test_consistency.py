@@ -129,3 +129,17 @@ def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
     assert said in text and said in report
     assert f"ranked by {FIGURES[platform.ranking_figure('speedup', 'cpu')]}" in said
     assert platform.ranking_figure("speedup", "cuda") == "speedup"
+
+
+def test_the_load_rule_reads_as_the_code_flags():
+    from draftsmith.evaluation import pick
+
+    said = pick.load_changed_text()
+    assert f"more than {pick.LOAD_TOLERANCE:.0%} apart" in said
+
+    def measured(tok_s: float) -> dict:
+        return {"baseline": [{"concurrency": 4, "runs": [{"set": "s", "temperature": 0.0, "output_tok_s": tok_s}]}]}
+
+    edge = 40.0 * (1 + pick.LOAD_TOLERANCE)
+    assert not pick.load_changes({"a": measured(40.0), "b": measured(edge - 0.01)})
+    assert pick.load_changes({"a": measured(40.0), "b": measured(edge + 0.01)})

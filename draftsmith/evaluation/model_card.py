@@ -18,7 +18,7 @@ from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
-from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
+from draftsmith.evaluation.pick import FIGURES, figures, load_changed_text, serving_by_workload, tool_use
 from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
@@ -373,9 +373,7 @@ def load_changed(results: dict) -> list[str]:
     if not changes:
         return []
     lines = ["## The machine's load changed between measurements", "",
-             "The target alone, on the same prompts at the same concurrency, read different speeds in different "
-             "methods' windows; the speed-ups at these points divide by baselines the other methods did not have. "
-             "Tokens per target step, counted by the engine, do not depend on load.", ""]
+             load_changed_text(), ""]
     return lines + [f"- concurrency {c['concurrency']}, {c['set']}, T={c['temperature']:g}: "
                     + ", ".join(f"{DISPLAY_NAME.get(m, m)} {v:g} tok/s" for m, v in c["baseline_tok_s"].items())
                     + f" ({c['spread']:+.0%})" for c in changes]
