@@ -100,6 +100,8 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
     a short note under the band for what did not hold, and under them all for a CPU's ranking."""
     results, family = inputs.results, inputs.family
     by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
+    per_workload = serving_by_workload(results.get("methods") or {}, results.get("concurrency") or [],
+                                       results["pick"]["by"], inputs.workloads) if results.get("methods") else {}
     device = "a GPU" if results.get("on_accelerator") else "a CPU"
     lines = ["## What to serve", "",
              f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
@@ -118,8 +120,30 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
         else:
             lines += [f"This drafter, {_tokens(ours['k'])}: {_figures(ours)}.", *_command(inputs, ours)]
         lines += _band_notes(entry)
+        lines += _workloads_apart(inputs, per_workload, band["concurrency"], _ahead(ranked, ours, bool(
+            results.get("on_accelerator"))) or ours)
     if not results.get("on_accelerator"):
         lines += ["", cpu_ranking_text()]
+    return lines
+
+
+def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], concurrency: int,
+                     pooled: dict | None) -> list[str]:
+    """Each workload whose own sets, ranked alone, put another setting first at a band than the pooled sets did:
+    that setting and its command (:func:`~draftsmith.evaluation.pick.serving_by_workload`)."""
+    lines = []
+    for workload, entries in per_workload.items():
+        entry = next((e for e in entries if e["concurrency"] == concurrency), {})
+        ranked = entry.get("ranked", [])
+        ours = next((c for c in ranked if c["method"] == inputs.family), None)
+        own = _ahead(ranked, ours, bool(inputs.results.get("on_accelerator"))) or ours
+        same = pooled is not None and own is not None and (own["method"], own["k"]) == (pooled["method"], pooled["k"])
+        if own is None or same or entry.get("nothing_held"):
+            continue
+        sets = ", ".join(sorted(name for name, w in inputs.workloads.items() if w == workload))
+        setting = "this drafter" if own is ours else DISPLAY_NAME.get(own["method"], own["method"])
+        lines += ["", f"For {workload} traffic ({sets}) alone, {setting} ranked first: {_tokens(own['k'])}, "
+                      f"{_figures(own)}.", *_command(inputs, own)]
     return lines
 
 
