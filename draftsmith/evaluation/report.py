@@ -7,6 +7,7 @@ from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
+from draftsmith.data.repetition import looping_text
 from draftsmith.evaluation.evaluate import held_rule_text, readings_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import (
@@ -468,25 +469,36 @@ def _data(prompt_stats: dict[str, dict], merge_stats: dict) -> list[str]:
 
 
 def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
-    """Each dataset's looping answers: the distribution of the share of answer positions whose last tokens
-    already occurred in the answer, the rows a limit would drop, and the rows tokenize.max_repetition dropped."""
-    measured = {name: stats["repetition"] for name, stats in (tokenized or {}).items()
-                if stats.get("repetition", {}).get("rows")}  # tokenized before repetition was measured: none
-    if not measured:
+    """Each dataset's looping answers: the distribution of its rows' looping share (the repeated span,
+    :func:`~draftsmith.data.repetition.looping_share`), the rows a limit would drop, and those dropped. Datasets
+    tokenized before the span was measured show their 4-gram share as it was recorded."""
+    stats = (tokenized or {}).items()
+    spans = {name: st["looping"] for name, st in stats if st.get("looping", {}).get("rows")}
+    ngrams = {name: st["repetition"] for name, st in stats if st.get("repetition", {}).get("rows")}
+    if not spans and not ngrams:  # tokenized before repetition was measured: none
         return []
-    first = next(iter(measured.values()))
-    thresholds = list(first["above"])
     lines = ["## Looping answers", "",
-             f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier in it "
-             "(a looping answer is easy to predict: validation rewards it and traffic does not loop). Rows above a "
-             "share are what `tokenize.max_repetition` there would drop (generated datasets; pre-tokenized ones "
-             "are not measured).", "",
-             "| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"> {t}" for t in thresholds)
-             + " | dropped |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
+             "A looping answer is easy to predict: validation rewards it and traffic does not loop. Rows above a "
+             "share are what a limit there would drop (generated datasets; pre-tokenized ones are not measured)."]
+    if spans:
+        lines += ["", looping_text(), "", *_share_table(spans, "tokenize.max_looping")]
+    if ngrams:
+        first = next(iter(ngrams.values()))
+        lines += ["", f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier "
+                      "in it (the 4-gram share, which long code and logs reach too), as recorded:", "",
+                  *_share_table(ngrams, "tokenize.max_repetition")]
+    return lines
+
+
+def _share_table(measured: dict[str, dict], key: str) -> list[str]:
+    """Per dataset: its shares' distribution, the rows above each threshold, and what ``key`` dropped."""
+    thresholds = list(next(iter(measured.values()))["above"])
+    lines = ["| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"> {t}" for t in thresholds)
+             + f" | dropped by `{key}` |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
     for name, rep in measured.items():
         dropped = f"{rep['dropped']} (limit {rep['limit']:g})" if rep.get("limit") is not None else "– (no limit)"
         lines.append(f"| {name} | {rep['rows']} | {rep['mean']:.3f} | {rep['p50']:.3f} | {rep['p90']:.3f} | "
-                     f"{rep['max']:.3f} | " + " | ".join(str(rep["above"][t]) for t in thresholds)
+                     f"{rep['max']:.3f} | " + " | ".join(str(rep["above"].get(t, "–")) for t in thresholds)
                      + f" | {dropped} |")
     return lines
 
