@@ -254,7 +254,10 @@ def test_a_training_free_method_that_beat_the_published_drafter_is_named_though_
     band_16 = band_by_band(card(card_inputs(results))).split(
         "### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert "**n-gram, which needs no drafter, beat this drafter here**: 3 draft tokens, speed-up 1.10×" in band_16
-    assert '"method": "ngram", "num_speculative_tokens": 3' in band_16
+    # its command is on the first screen, first at its band, and not repeated below
+    screen = card(card_inputs(results)).split("## What to serve")[1].split("\n## ")[0].split("concurrency 16")[1]
+    assert screen.index('"method": "ngram", "num_speculative_tokens": 3') < screen.index('"method": "eagle3"')
+    assert "The command is under What to serve, above." in band_16 and "vllm serve" not in band_16
     # on GPUs the target alone beat EAGLE-3's 0.90× too, but n-gram beat both: only n-gram is served there
     assert "Serve without speculation" not in band_16 and "The target alone was faster than EAGLE-3 here" in band_16
 

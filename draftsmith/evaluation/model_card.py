@@ -80,6 +80,7 @@ def _figures(cell: dict) -> str:
 
 
 MEASURE_ON_GPUS = "Measure on your GPUs with `./run.sh` and `server.gpus` set before serving it there."
+ABOVE = "The command is under What to serve, above."  # a command the first screen gives is not repeated below
 COUNTED_AT_COMPLETION = "completed requests"  # evaluate.TOKENS_COUNTED["sglang"]: a run's ``tokens_counted``
 DRAIN_NOTE = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail below "
               "concurrency c is inside them.")
@@ -108,20 +109,17 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
              "band the setting measured best comes first."]
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
-        ranked = entry.get("ranked", [])
-        ours = next((c for c in ranked if c["method"] == family), None)
-        best = _ahead(ranked, ours, bool(results.get("on_accelerator")))
+        best, ours = _served_first(entry, family, bool(results.get("on_accelerator")))
         heading = band_text(band)
         lines += ["", f"### {heading[0].upper()}{heading[1:]}", ""]
-        if best is not None and not entry.get("nothing_held"):
+        if best is not None:
             lines += [_best_line(best), *_command(inputs, best)]
         if ours is None:
             lines.append(f"{DISPLAY_NAME[family]} was not measured at this concurrency.")
         else:
             lines += [f"This drafter, {_tokens(ours['k'])}: {_figures(ours)}.", *_command(inputs, ours)]
         lines += _band_notes(entry)
-        lines += _workloads_apart(inputs, per_workload, band["concurrency"], _ahead(ranked, ours, bool(
-            results.get("on_accelerator"))) or ours)
+        lines += _workloads_apart(inputs, per_workload, band["concurrency"], best or ours)
     if not results.get("on_accelerator"):
         lines += ["", cpu_ranking_text()]
     return lines
@@ -145,6 +143,14 @@ def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], co
         lines += ["", f"For {workload} traffic ({sets}) alone, {setting} ranked first: {_tokens(own['k'])}, "
                       f"{_figures(own)}.", *_command(inputs, own)]
     return lines
+
+
+def _served_first(entry: dict, family: str, accelerator: bool) -> tuple[dict | None, dict | None]:
+    """The cells whose commands a band of the first screen gives: the setting ranked above this drafter that
+    needs no drafter (none where nothing held), and this drafter's best."""
+    ranked = entry.get("ranked", [])
+    ours = next((c for c in ranked if c["method"] == family), None)
+    return (None if entry.get("nothing_held") else _ahead(ranked, ours, accelerator)), ours
 
 
 def _ahead(ranked: list[dict], ours: dict | None, accelerator: bool) -> dict | None:
@@ -210,7 +216,7 @@ def serving(inputs: CardInputs) -> list[str]:
         lines += _not_held(entry)
         if ours is None:
             lines += [f"{DISPLAY_NAME[family]} was not measured at this concurrency.", ""]
-        elif accelerator and plain is not None and plain < ours and _training_free_ahead(inputs, ranked, ours, figure):
+        elif accelerator and plain is not None and plain < ours and _training_free_ahead(inputs, entry, ours, figure):
             lines += [f"The target alone was faster than {DISPLAY_NAME[family]} here at every draft length (its best, "
                       f"{_tokens(ranked[ours]['k'])}: {_figures(ranked[ours])}), and a method that needs no drafter "
                       "was faster than both:", ""]
@@ -221,12 +227,10 @@ def serving(inputs: CardInputs) -> list[str]:
         elif accelerator and plain is not None and plain < ours:
             lines += [f"**Serve without speculation here**: the target alone was faster than {DISPLAY_NAME[family]} "
                       f"at every draft length (its best, {_tokens(ranked[ours]['k'])}: "
-                      f"{_figures(ranked[ours])}).", "", "```bash", _vllm(inputs.base_model, None), "```", ""]
+                      f"{_figures(ranked[ours])}). {ABOVE}", ""]
         else:
             cell = ranked[ours]
-            lines += [f"{DISPLAY_NAME[family]}, {_tokens(cell['k'])}: {_figures(cell)}.", "", "```bash",
-                      _vllm(inputs.base_model, speculative_config(family, cell["k"], {}, "<this folder>")), "```",
-                      ""]
+            lines += [f"{DISPLAY_NAME[family]}, {_tokens(cell['k'])}: {_figures(cell)}. {ABOVE}", ""]
             if inputs.sglang_reason is None:
                 k = cell["k"]
                 lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
@@ -234,7 +238,7 @@ def serving(inputs: CardInputs) -> list[str]:
                           "--speculative-algorithm EAGLE3 \\",
                           f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
                           f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
-        lines += _training_free_ahead(inputs, ranked, ours, figure)
+        lines += _training_free_ahead(inputs, entry, ours, figure)
     if inputs.sglang_reason is not None:
         lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason})."]
     if not evaluation.get("cells"):
@@ -255,21 +259,23 @@ def _not_held(entry: dict) -> list[str]:
     return [f"Ranked at what it delivered, not at the concurrency it did not hold: {cells}.", ""]
 
 
-def _training_free_ahead(inputs: CardInputs, ranked: list[dict], ours: int | None, figure: str) -> list[str]:
+def _training_free_ahead(inputs: CardInputs, entry: dict, ours: int | None, figure: str) -> list[str]:
     """Every training-free method ranked above this drafter at a band, each with its command, whether or not
     another trained family beat it too; on an accelerator, only those that beat the target alone as well
     (one below it is no setting to serve)."""
+    ranked = entry.get("ranked", [])
     plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), len(ranked))
     above = min(len(ranked) if ours is None else ours, plain if inputs.results.get("on_accelerator") else len(ranked))
     ahead = [cell for cell in ranked[:above] if not cell["trained"] and cell["method"] != PLAIN]
+    shown = _served_first(entry, inputs.family, bool(inputs.results.get("on_accelerator")))[0]
     lines = []
     for cell in ahead:
         against = f"this drafter's {ranked[ours]['score']:.3f}" if ours is not None else "this drafter, not measured"
         lines += [f"**{DISPLAY_NAME[cell['method']]}, which needs no drafter, beat this drafter here**: "
                   f"{_tokens(cell['k'])}, {_figures(cell)}; {figure} {cell['score']:.3f} against {against}. "
-                  "Serve it instead at this concurrency:", "",
-                  "```bash", _vllm(inputs.base_model, speculative_config(cell["method"], cell["k"],
-                                                                         inputs.results)), "```", ""]
+                  + (f"Serve it instead at this concurrency. {ABOVE}" if cell is shown else
+                     "Serve it instead at this concurrency:"), "",
+                  *([] if cell is shown else [*_command(inputs, cell), ""])]
         if cell["method"] == "suffix":
             lines += ["Suffix decoding was measured without its tree of earlier answers "
                       "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "
