@@ -1,10 +1,12 @@
 """``results/drafter/README.md``: the description drafters are published with on the Hugging Face hub.
 
-YAML front matter the hub reads (base model, tags, datasets, license note), then the serving recipe
-(per concurrency band the vLLM and, for EAGLE-3, SGLang command with the draft length measured best
-there, its speed-up and τ, and a training-free method where one beat the drafter), what it achieved
-(τ per evaluation set and temperature), what it was trained on, the recipe, the config digest and how
-to reproduce it. Every figure comes from the run's own files; nothing is typed in by hand.
+YAML front matter the hub reads (base model, tags, datasets, license note), then what to serve on the first
+screen (per concurrency band the vLLM command of the setting measured best there where it needs no drafter,
+then this drafter's, each with what it gave), the acceptance per evaluation set and temperature, the serving
+recipe band by band (why each setting, SGLang's commands), the one config for every batch size, what it was
+trained on, the recipe, the config digest and how to reproduce it. Every figure comes from the run's own
+records; each rule's wording comes from the function beside the code that applies it, which the report calls
+too, so the two never differ.
 """
 
 from __future__ import annotations
@@ -193,8 +195,8 @@ def _band_notes(entry: dict) -> list[str]:
 
 def serving(inputs: CardInputs) -> list[str]:
     """Per concurrency band: this drafter at the draft length measured best there, or plain serving where the
-    target alone was faster on an accelerator, each with its command; every training-free method that beat
-    this drafter there, with its own; then the one config for every batch size (:func:`schedule`)."""
+    target alone was faster on an accelerator; every training-free method that beat this drafter there; SGLang's
+    command. A vLLM command the first screen gives (:func:`what_to_serve`) is pointed to, not repeated."""
     results, family = inputs.results, inputs.family
     by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
     figure = FIGURES[results["pick"]["by"]]

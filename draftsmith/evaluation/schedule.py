@@ -148,6 +148,8 @@ def one_config_text(schedule: dict, serving: list[dict]) -> str:
     ``serving.json``'s ``described`` all say this)."""
     family = DISPLAY_NAME.get(schedule["family"], schedule["family"])
     single = beaten_by(schedule, serving)
+    if single is None and schedule["kind"] == "plain":
+        return "The best single config for every batch size is plain serving, without speculation."
     if single is None:
         return f"The best single config for every batch size is {family}'s schedule ({schedule['kind']})."
     k = single["k"]
