@@ -91,7 +91,8 @@ def main() -> None:
                          before["peak"], before["readings"], before["tok_s"]),
                         ("full window (now)", now.sent, now.in_flight, now.running, now.peak_running, now.readings,
                          now.as_dict()["output_tok_s"])):
-                    held = ev.SetRun(len(prompts), c, requests, 0, 0, 1.0, in_flight, running, peak, readings).held
+                    held = ev.hold(ev.SetRun(len(prompts), c, requests, 0, 0, 1.0, in_flight, running, peak,
+                                                    readings).as_dict(), None, c) is None
                     engine = "–" if running is None else f"{running:.2f}, {peak:g} ({readings} readings)"
                     rows.append(f"| {name} | {len(prompts)} | {c} | {label} | {requests} | {in_flight:.2f} | "
                                 f"{engine} | {'yes' if held else 'no'} | {tok_s:.1f} |")

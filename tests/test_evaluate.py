@@ -275,8 +275,9 @@ def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full
     assert ev.mean_in_flight([(-1.0, 4.0), (2.0, 12.0)], 0.0, 10.0) == pytest.approx(1.2)
     run = ev.SetRun(prompts=12, concurrency=16, sent=32, completed=17, output_tokens=900, window_s=3.0, in_flight=14.0,
                     dispatched=32)
-    assert not run.held and run.as_dict()["repeats"] == 2.67
-    assert ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).held
+    assert ev.hold(run.as_dict(), None, 16) == "14.00 requests in flight on average, of 16"
+    assert run.as_dict()["repeats"] == 2.67
+    assert ev.hold(ev.SetRun(12, 16, 32, 17, 900, 3.0, 15.9).as_dict(), None, 16) is None
     # The engine's own count, against the target alone's at the same point: a KV cache that fits 8 queues the rest
     # where the client cannot see it, and the cell of 16 never ran 16 at once; requests waiting for a long prompt's
     # prefill hold the target alone's mean at 7.9 of 12 too, so a method at 7.5 held what the target held.
@@ -284,8 +285,9 @@ def test_a_set_smaller_than_its_concurrency_is_cycled_and_the_window_is_the_full
                        dispatched=32).as_dict()
     alone = ev.SetRun(12, 16, 32, 17, 900, 30.0, in_flight=16.0, running=14.9, peak_running=16.0, readings=60,
                       dispatched=32).as_dict()
-    assert queued["held"] and ev.hold(queued, alone, 16) == ("its engine ran 8.00 requests on average, 0.54x the "
-                                                             "target alone's 14.90 (60 and 60 readings)")
+    assert ev.hold(queued, None, 16) is None  # the client held it: the engine's side needs the target alone's
+    assert ev.hold(queued, alone, 16) == ("its engine ran 8.00 requests on average, 0.54x the target alone's 14.90 "
+                                          "(60 and 60 readings)")
     prefilling = ev.SetRun(12, 12, 24, 13, 900, 7.0, in_flight=11.99, running=7.5, peak_running=12.0, readings=14)
     alone = ev.SetRun(12, 12, 24, 13, 900, 7.0, in_flight=11.99, running=7.9, peak_running=12.0, readings=14)
     assert ev.hold(prefilling.as_dict(), alone.as_dict(), 12) is None

@@ -166,7 +166,7 @@ def test_a_drafter_its_kv_cache_held_back_is_ranked_at_what_it_delivered_with_wh
     from draftsmith.evaluation import pick
     from draftsmith.evaluation.model_card import card
     from tests import grid
-    from tests.test_report import card_inputs
+    from tests.test_report import band_by_band, card_inputs
 
     why = "its engine ran 6.00 requests on average, 0.50x the target alone's 12.00 (20 and 20 readings)"
     eagle3 = not_holding(grid.evaluation("eagle3", {(3, 1): (1.5, 2.0), (3, 16): (1.1, 2.0)}), 3, 16, why)
@@ -178,7 +178,8 @@ def test_a_drafter_its_kv_cache_held_back_is_ranked_at_what_it_delivered_with_wh
     entry = results["serving"][1]
     assert [c["method"] for c in entry["ranked"]] == ["eagle3", "ngram", "plain"] and not entry["nothing_held"]
     assert entry["not_held"] == [{"method": "eagle3", "k": 3, "why": why}]
-    band = card(card_inputs(results)).split("### Concurrency 16 and above")[1].split("## ")[0]
+    band = band_by_band(card(card_inputs(results))).split(
+        "### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert f"Ranked at what it delivered, not at the concurrency it did not hold: EAGLE-3 3 draft tokens: {why}." \
         in band
 
@@ -187,7 +188,7 @@ def test_a_band_where_nothing_held_is_not_served_as_plain_serving_won():
     from draftsmith.evaluation import pick
     from draftsmith.evaluation.model_card import card
     from tests import grid
-    from tests.test_report import card_inputs
+    from tests.test_report import band_by_band, card_inputs
 
     why = "the target alone held 5.36 requests in flight on average, of 6"
     eagle3 = not_holding(grid.evaluation("eagle3", {(3, 1): (1.5, 2.0), (3, 6): (0.8, 2.0)}), 3, 6, why)
@@ -195,7 +196,8 @@ def test_a_band_where_nothing_held_is_not_served_as_plain_serving_won():
     chosen, said = pick.choose(rows, "speedup", 1)
     results = {**pick.results({"eagle3": eagle3}, rows, chosen, said, [1, 6], "speedup", 1, {}),
                "on_accelerator": True}
-    band = card(card_inputs(results)).split("### Concurrency 6 and above")[1].split("## ")[0]
+    band = band_by_band(card(card_inputs(results))).split(
+        "### Batch size 6 (measured at concurrency 6)")[1].split("## ")[0]
     assert f"**No method held this concurrency** (EAGLE-3 3 draft tokens: {why})" in band
     assert "Serve without speculation" not in band and "no setting is recommended at this band" in band
 

@@ -1,4 +1,5 @@
-"""Looping answers, seen: measured per row at tokenization, shown per dataset, dropped only when asked."""
+"""Looping answers, seen: measured per row at tokenization by the repeated span, shown per dataset, dropped only
+when asked."""
 
 import json
 
@@ -32,40 +33,64 @@ def records(path):
 
 def test_tokenization_measures_every_answer_and_drops_looping_ones_only_when_asked(tokenizer, tmp_path):
     """The demo keeps greedy answers cut at max_tokens; two of its eight validation rows were loops that
-    carried the deep draft steps. By default they are measured and kept; with a limit they are dropped,
-    each as a reject with its share, and counted."""
+    carried the deep draft steps. By default they are measured by the repeated span and kept; with a limit
+    they are dropped, each as a reject with its share, and counted. The deprecated 4-gram limit still drops."""
     responses = records(tmp_path / "r.jsonl")
     kept = tokenize_file(responses, tokenizer, tmp_path / "a.parquet", tmp_path / "a.rej", "d", TokenizeSettings())
-    assert kept["rows"] == 2 and kept["repetition"]["rows"] == 2 and kept["repetition"]["dropped"] == 0
-    assert kept["repetition"]["max"] > 0.9 and kept["repetition"]["above"]["0.5"] == 1
+    assert kept["rows"] == 2 and kept["looping"]["rows"] == 2 and kept["looping"]["dropped"] == 0
+    assert kept["looping"]["measure"] == "repeated span" and kept["looping"]["max"] > 0.9
+    assert kept["looping"]["above"][f"{repetition.CYCLE_LOOPING:g}"] == 1
+    assert "repetition" not in kept  # one measure: the 4-gram share only where its deprecated limit asks for it
     dropped = tokenize_file(responses, tokenizer, tmp_path / "b.parquet", tmp_path / "b.rej", "d",
-                            TokenizeSettings(max_repetition=0.5))
-    assert dropped["rows"] == 1 and dropped["repetition"]["dropped"] == 1 and dropped["repetition"]["limit"] == 0.5
+                            TokenizeSettings(max_looping=0.25))
+    assert dropped["rows"] == 1 and dropped["looping"]["dropped"] == 1 and dropped["looping"]["limit"] == 0.25
     reject = json.loads((tmp_path / "b.rej").read_text())
-    assert reject["id"] == "loop" and reject["row"] == 2 and "above tokenize.max_repetition 0.5" in reject["reason"]
+    assert reject["id"] == "loop" and reject["row"] == 2 and "above tokenize.max_looping 0.25" in reject["reason"]
+    old = tokenize_file(responses, tokenizer, tmp_path / "c.parquet", tmp_path / "c.rej", "d",
+                        TokenizeSettings(max_repetition=0.5))
+    assert old["rows"] == 1 and old["repetition"]["dropped"] == 1 and old["repetition"]["limit"] == 0.5
+    assert old["repetition"]["ngram"] == repetition.NGRAM and old["looping"]["dropped"] == 0
+    assert "above tokenize.max_repetition 0.5" in json.loads((tmp_path / "c.rej").read_text())["reason"]
 
 
-def test_the_report_shows_each_datasets_loops_and_what_a_limit_would_drop():
+def test_the_report_shows_each_datasets_loops_and_reads_a_finished_projects_4gram_share_as_it_is():
     from draftsmith.evaluation.report import _repetition
 
-    stats = {"everyday": {"repetition": {**repetition.summary([0.0, 0.05, 0.6, 0.8]), "dropped": 0, "limit": None}},
+    spans = repetition.summary([0.0, 0.05, 0.3, 0.8], repetition.LOOPING_THRESHOLDS, measure="repeated span")
+    stats = {"everyday": {"looping": {**spans, "dropped": 0, "limit": None}},
              "old": {"rows": 3}}  # tokenized before repetition was measured
     lines = _repetition(stats)
-    assert "| everyday | 4 | 0.362 |" in lines[-1] and lines[-1].endswith("| 2 | 2 | 1 | – (no limit) |")
+    assert repetition.looping_text() in lines
+    assert "| everyday | 4 | 0.287 |" in lines[-1] and lines[-1].endswith("| 2 | 2 | 1 | – (no limit) |")
     assert not any(line.startswith("| old |") for line in lines)
     assert _repetition({"old": {"rows": 3}}) == []
+    # a finished project's stats: the 4-gram share, its thresholds and limit as they were recorded
+    recorded = {"rows": 4, "ngram": 4, "mean": 0.362, "p50": 0.325, "p90": 0.74, "max": 0.8,
+                "above": {"0.3": 2, "0.5": 2, "0.7": 1}, "dropped": 1, "limit": 0.7}
+    old = _repetition({"everyday": {"repetition": recorded}})
+    assert "whose last 4 tokens already occurred earlier" in " ".join(old) and repetition.looping_text() not in old
+    assert old[-1] == "| everyday | 4 | 0.362 | 0.325 | 0.740 | 0.800 | 2 | 2 | 1 | 1 (limit 0.7) |"
 
 
-def test_a_project_tokenized_before_the_limit_existed_is_not_tokenized_again():
+def test_a_project_tokenized_before_the_limits_existed_is_not_tokenized_again_and_the_old_one_warns(caplog):
     """A new key in the tokenize params would rerun tokenization, and everything after it, in every finished
-    project: the limit enters the params only when it is set."""
+    project: a limit enters the params only when it is set. The 4-gram limit still works where it is set, and
+    says it is deprecated; a project that does not set it is told nothing."""
     from draftsmith.config.load import result_view, validate_config
     from draftsmith.data.chat import tokenize_params
     from tests.test_config import MINIMAL
 
-    section = result_view(validate_config(MINIMAL))["tokenize"]
+    with caplog.at_level("WARNING", logger="draftsmith.config.load"):
+        section = result_view(validate_config(MINIMAL))["tokenize"]
+    assert not caplog.records
     assert tokenize_params(section) == {"max_length": 2048, "reasoning": "template", "multi_turn": "auto"}
-    assert tokenize_params({**section, "max_repetition": 0.5})["max_repetition"] == 0.5
+    assert tokenize_params({**section, "max_looping": 0.25})["max_looping"] == 0.25
+    with caplog.at_level("WARNING", logger="draftsmith.config.load"):
+        old = result_view(validate_config({**MINIMAL, "tokenize": {"max_repetition": 0.5}}))["tokenize"]
+    assert tokenize_params(old)["max_repetition"] == 0.5 and "max_looping" not in tokenize_params(old)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tokenize.max_repetition is deprecated: its 4-gram share flags long code, configs and logs that do not "
+        "loop; set tokenize.max_looping (the repeated span) instead"]
 
 
 def ids_and_mask(tokenizer, parts: list[tuple[str, bool]]) -> tuple[list[int], list[int]]:

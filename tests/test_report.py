@@ -59,6 +59,11 @@ def card_inputs(results: dict, **overrides):
                          "sglang_reason": None, "train_config": EAGLE3_TRAIN, **overrides})
 
 
+def band_by_band(card: str) -> str:
+    """The card's serving recipe band by band, below its first screen."""
+    return card.split("## Serving recipe, band by band")[1]
+
+
 def report(tmp_path, inputs: Inputs) -> str:
     paths = {name: tmp_path / f"{name}.png" for name in ("acc", "train", "families", "map")}
     write_report(inputs, tmp_path / "report.md", paths["acc"], paths["train"], paths["families"], paths["map"],
@@ -84,7 +89,8 @@ def test_report_shows_every_stage_with_plots(tmp_path):
         "tokens_per_step": 1.12, "rows": 20, "without_looping_rows": {"tokens_per_step": 1.08, "rows": 17}}}]}
     assert "| 1 | 9.100 | 0.150 | 0.000 | 1.150 | 1.120 | 1.080 (17 of 20 rows) | 1.5 min | ✔ |" in report(
         tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, predicted, GATE))
-    assert "**Exported: epoch 1** (best simulated τ 1.150)" in text and "Export gate: passed" in text
+    assert '**Exported: epoch 1 (recorded as "epoch": 0, counted from 0)**: best simulated τ 1.150' in text
+    assert "Export gate: passed" in text
     assert "Loss computed **eager**, forward compiled (torch.compile works (12 s); the fused loss failed" in text
     assert "| first step | 24.2 |" in text and "| of which compiling | 18.0 |" in text
     assert "| steady pace | 5.00 steps/s |" in text and "| processes exited after | 0.4 |" in text
@@ -155,7 +161,7 @@ def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
     assert "eagle3" in meta["tags"] and meta["license_name"] == "same-as-base-model"
     assert "no SGLang export was written (not exported: norm_before_residual=true)" in text
     assert "| everyday | 3 | 0 | 1.300 | 1.300 | 0.40, 0.10 |" in text and "| everyday | 3 | 1 | 1.300 |" in text
-    assert "Config digest: `0123abcd`" in text and "Exported epoch 1" in text
+    assert "Config digest: `0123abcd`" in text and "Exported epoch 1 (recorded as \"epoch\": 0, counted from 0)" in text
     assert "Loss computed **eager**, forward compiled: torch.compile works" in text  # and why
 
 
@@ -193,7 +199,8 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
     assert "| DSpark | – | not served here: vLLM serves DSpark only with its V2 model runner | – |" in text
     # The serving recipe: a command per concurrency band with what was measured there, and the
     # training-free method that beat the drafter at concurrency 8, said plainly, with its command.
-    assert "### Concurrency below 8 (measured at 2)" in text and "### Concurrency 8 and above (measured at 8)" in text
+    assert "### Batch sizes 1 to 7 (measured at concurrency 2)" in text
+    assert "### Batch size 8 (measured at concurrency 8); above 8 unmeasured, served at its setting" in text
     assert ("vllm serve b/m --speculative-config '{\"method\": \"dflash\", \"model\": \"<this folder>\", "
             "\"num_speculative_tokens\": 7}'") in text
     assert "DFlash, 7 draft tokens: speed-up 1.10×, 1.600 tokens per target step" in text
@@ -207,14 +214,16 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
                                                              "scheduler": "linear", "total_seq_len": 1024,
                                                              "loss_fn": None},
                               drafter_config=dflash, sglang_reason="not EAGLE-3"))
-    band_8 = on_gpus.split("### Concurrency 8 and above")[1]
+    band_8 = band_by_band(on_gpus).split(
+        "### Batch size 8 (measured at concurrency 8)")[1]
     assert "The target alone was faster than DFlash here at every draft length (its best, 7 draft tokens: " \
         "speed-up 0.50×" in band_8 and "Serve without speculation" not in band_8 and "vllm serve b/m\n" not in band_8
     assert "**n-gram, which needs no drafter, beat this drafter here**" in band_8
-    assert "Serve without speculation" not in on_gpus.split("### Concurrency 8 and above")[0]
+    assert "Serve without speculation" not in band_by_band(on_gpus).split(
+        "### Batch size 8 (measured at concurrency 8)")[0]
     assert "speed-ups that matter" not in on_gpus
     assert ('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2, "prompt_lookup_max": 4}' in text)
-    assert "the speed-ups that matter come from your GPUs" in text
+    assert "Measure on your GPUs with `./run.sh` and `server.gpus` set before serving it there." in text
 
 
 def test_a_suffix_winner_is_recommended_as_it_was_measured_without_its_tree_of_earlier_answers():
@@ -242,9 +251,13 @@ def test_a_training_free_method_that_beat_the_published_drafter_is_named_though_
     ngram = grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (1.1, 1.2)}, trained=False)
     results = {**results_of({"eagle3": eagle3, "dflash": dflash, "ngram": ngram}, pick_at=1), "on_accelerator": True}
     assert results["family"] == "eagle3"
-    band_16 = card(card_inputs(results)).split("### Concurrency 16 and above")[1].split("## ")[0]
+    band_16 = band_by_band(card(card_inputs(results))).split(
+        "### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert "**n-gram, which needs no drafter, beat this drafter here**: 3 draft tokens, speed-up 1.10×" in band_16
-    assert '"method": "ngram", "num_speculative_tokens": 3' in band_16
+    # its command is on the first screen, first at its band, and not repeated below
+    screen = card(card_inputs(results)).split("## What to serve")[1].split("\n## ")[0].split("concurrency 16")[1]
+    assert screen.index('"method": "ngram", "num_speculative_tokens": 3') < screen.index('"method": "eagle3"')
+    assert "The command is under What to serve, above." in band_16 and "vllm serve" not in band_16
     # on GPUs the target alone beat EAGLE-3's 0.90× too, but n-gram beat both: only n-gram is served there
     assert "Serve without speculation" not in band_16 and "The target alone was faster than EAGLE-3 here" in band_16
 
@@ -322,9 +335,13 @@ def test_on_gpus_a_training_free_method_slower_than_the_target_alone_is_not_reco
     eagle3 = grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.8, 1.8)})
     ngram = grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (0.95, 1.2)}, trained=False)
     results = {**results_of({"eagle3": eagle3, "ngram": ngram}, pick_at=1), "on_accelerator": True}
-    band_16 = card(card_inputs(results)).split("### Concurrency 16 and above")[1].split("## ")[0]
+    band_16 = band_by_band(card(card_inputs(results))).split(
+        "### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert "Serve without speculation here" in band_16 and "n-gram" not in band_16
-    on_cpu = card(card_inputs({**results, "on_accelerator": False})).split("### Concurrency 16 and above")[1]
+    screen = card(card_inputs(results)).split("## What to serve")[1].split("\n## ")[0].split("concurrency 16")[1]
+    assert screen.index("Serve without speculation") < screen.index('"method": "eagle3"') and "ngram" not in screen
+    on_cpu = band_by_band(card(card_inputs({**results, "on_accelerator": False}))).split(
+        "### Batch size 16 (measured at concurrency 16)")[1]
     assert "**n-gram, which needs no drafter, beat this drafter here**" in on_cpu.split("## ")[0]
 
 

@@ -60,7 +60,8 @@ def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_serve
     served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}),
               "measured": {"cells": measured["cells"]}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
-    assert "batch 1-15: k=3; batch 16-63: k=1; batch 64: no speculation; batch 65+: no speculation, unmeasured" in text
+    assert ("- batch 1-15: k=3\n- batch 16-63: k=1\n- batch 64: no speculation\n"
+            "- batch 65+: no speculation, unmeasured") in text
     assert ('vllm serve b/m --speculative-config \'{"method": "eagle3", "model": "<this folder>", '
             '"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 63, 1], '
             '[64, 1024, 0]]}\'') in text
@@ -110,9 +111,8 @@ def test_bands_start_where_the_engine_ran_and_vllm_drafts_what_was_measured_ther
                                          [1, 12, 64], "speedup"), "eagle3")
     assert unread["starts"] == {"1": 1, "12": 12, "64": 64} and unread["starts_from"]["12"] == "concurrency"
     # the card's bands follow the same edges, and name the batch sizes above the largest measured
-    from draftsmith.evaluation.model_card import bands
-
-    assert bands([1, 12, 64], plan) == ["batch sizes 1 to 7 (measured at concurrency 1)",
+    assert [schedule.band_text(b) for b in schedule.bands(plan, [1, 12, 64])] == [
+                                        "batch sizes 1 to 7 (measured at concurrency 1)",
                                         "batch sizes 8 to 41 (measured at concurrency 12, where the engine ran 7.9 "
                                         "on average)",
                                         "batch sizes 42 to 64 (measured at concurrency 64, where the engine ran 41.6 "
@@ -157,7 +157,8 @@ def test_the_one_config_names_a_training_free_method_that_beat_the_drafter_every
     plan = schedule.build(results["serving"], "eagle3")
     served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
-    assert text.index("**n-gram, which needs no drafter, beat this drafter at every measured concurrency**") < \
+    assert text.index("n-gram with 1 draft token, which needs no drafter, beat EAGLE-3 at every measured "
+                      "concurrency: it is the best single config for every batch size") < \
         text.index('"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_min": 2') < \
         text.index("This drafter's own config for every batch size, if you serve it:")
     # beaten at one band only: the drafter's own schedule is the one config
@@ -178,13 +179,13 @@ def test_a_cpus_config_says_its_draft_length_is_the_largest_not_a_gpus_best():
     plan = schedule.build(results["serving"], "eagle3")
     served = {"schedule": plan, "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {}}
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
-    assert "this config's draft length is not a GPU's best" in text
+    assert "a draft length measured there is not a GPU's best" in text
     assert "Batch sizes from 65 up are unmeasured (the largest concurrency measured was 64)" in text  # fixed k=3
     assert "not a GPU's best" not in "\n".join(card_schedule(card_inputs({**results, "on_accelerator": True},
                                                                          serving=served)))
     whole = card(card_inputs(results, serving=served))
     assert "carries over" not in whole
-    assert "a CPU prefers the largest draft length measured but for the runs' noise" in whole
+    assert "On a CPU tokens per step rise with the draft length but for the runs' noise" in whole
 
 
 def test_a_band_served_plain_starts_where_the_target_alones_engine_ran_not_the_drafters():

@@ -102,8 +102,10 @@ def test_a_finished_training_says_what_chose_its_checkpoint_and_its_figure(run_d
     (runs / "validation.jsonl").write_text(json.dumps({"epoch": 0, "full_acc_0_epoch": 0.307}) + "\n")
     config = from_snakemake_args(["--config", "train={families: [eagle3]}"], REPO)
     text = status.render(status.collect(config))
-    assert "exported epoch 2 by predicted served τ 1.231 at k=3 (exact)" in text and "1.307" not in text
+    assert 'exported epoch 2 (recorded as "epoch": 1, counted from 0) by predicted served τ 1.231 at k=3 (exact)' \
+        in text and "1.307" not in text
     summary.write_text(json.dumps({"chosen": {"epoch": 0, "simulated_tau": 1.307, "predicted_missing":
                                               "skipped: online hidden states, none stored to replay on"}}))
-    assert "exported epoch 1 by simulated τ 1.307 (no predicted served τ: skipped: online hidden states" \
+    assert ('exported epoch 1 (recorded as "epoch": 0, counted from 0) by simulated τ 1.307 (no predicted served τ: '
+            "skipped: online hidden states") \
         in status.render(status.collect(config))

@@ -330,7 +330,7 @@ def test_repeated_tool_calls_are_not_a_loop(tokenizer, tmp_path):
                      {"role": "tool", "tool_call_id": "call_0", "name": "get_weather", "content": RESULT}]
     messages.append({"role": "assistant", "content": "It stayed sunny all along, at eighteen degrees."})
     stats, _ = tokenize({**RECORD, "messages": messages}, tokenizer, tmp_path, tool_rendering="text")
-    assert stats["tools"]["tool_calls"] == 6 and stats["repetition"]["max"] == 0.0
+    assert stats["tools"]["tool_calls"] == 6 and stats["looping"]["max"] == 0.0
 
 
 def test_the_tool_settings_enter_only_a_tool_workloads_params():

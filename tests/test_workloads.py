@@ -145,6 +145,11 @@ def test_the_card_and_the_report_give_the_recipe_per_workload_beside_the_pooled_
         # best n-gram; best trained EAGLE-3; best training-free n-gram; the pooled best EAGLE-3
         assert row.count("n-gram") == 2 and row.count("EAGLE-3") == 2 and "1.800 tok/step" in row, row
     assert "Recipe per workload" not in card(card_inputs(written))  # no labels: one workload, pooled alone
+    # the card's first screen gives agent traffic its own command, after the pooled one; chat's is the pooled one
+    screen = card(labelled(written)).split("## What to serve")[1].split("\n## ")[0]
+    agent = screen.index("For agent traffic (agent_set) alone, n-gram ranked first: 3 draft tokens")
+    assert screen.index('"method": "eagle3"') < agent < screen.index('"method": "ngram"')
+    assert "For chat traffic" not in screen
 
 
 def with_tool_counts(evaluation: dict, counts: dict[str, tuple[int, int]]) -> dict:

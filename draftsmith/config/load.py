@@ -15,6 +15,7 @@ prints the effective config as YAML with each value's origin in a comment.
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -28,6 +29,7 @@ from draftsmith.config import snakemake_args
 SCHEMA = yaml.safe_load(files("draftsmith.config").joinpath("schema.yaml").read_text())
 WORKFLOW_DIR = Path(__file__).resolve().parents[2]  # the checkout: Snakefile, config/, rules/
 REPLACED = (("datasets",), ("evaluation", "prompt_sets"))
+log = logging.getLogger(__name__)
 EMBEDDED = Path("config") / "config.yaml"  # in the workflow folder
 DEFAULT_ORIGIN = "default"
 
@@ -136,7 +138,22 @@ def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     errors = sorted(_Validator(SCHEMA).iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError("invalid config:\n" + "\n".join(f"  - {_where(e)}: {_message(e)}" for e in errors))
+    for said in deprecated(config):
+        log.warning("%s", said)
     return _sorted(config)
+
+
+def deprecated(config: dict[str, Any]) -> list[str]:
+    """What the schema says (``x-deprecated``) of each deprecated key the config sets to other than its default:
+    it still works, and a project that does not set it is told nothing."""
+    out = []
+    for key, sub in _leaves(SCHEMA, ()):
+        value: Any = config
+        for part in key.split("."):
+            value = value.get(part, sub.get("default")) if isinstance(value, dict) else None
+        if sub.get("x-deprecated") and value != sub.get("default"):
+            out.append(sub["x-deprecated"])
+    return out
 
 
 def result_view(config: dict[str, Any]) -> dict[str, Any]:

@@ -77,3 +77,15 @@ def gpu_stack_problem(torch_gpu_build: str | None, server_gpus: int, train_gpus:
                                                                  ("train.gpus", train_gpus)) if count)
     return (f"{asked}, and this Python's torch has no CUDA (the CPU stack): set up and run the GPU stack with "
             "`DRAFTSMITH_STACK=gpu ./run.sh ...` (where nvidia-smi lists a GPU, ./run.sh picks it by itself)")
+
+
+def cpu_ranking_text() -> str:
+    """:func:`ranking_figure`'s CPU rule in one sentence (the card's note under what to serve)."""
+    return ("Measured on a CPU, where a draft costs about a target step, so settings are ranked by tokens per "
+            "target step and the speed-ups say nothing of a GPU's.")
+
+
+def cpu_draft_length_text() -> str:
+    """What a CPU's ranking by tokens per target step says of the draft length, in one sentence."""
+    return ("On a CPU tokens per step rise with the draft length but for the runs' noise, so a draft length "
+            "measured there is not a GPU's best.")

@@ -53,7 +53,14 @@ import pyarrow.parquet as pq
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import atomic_path, write_jsonl
 from draftsmith.core.digest import ids_digest
-from draftsmith.data.repetition import NGRAM, answer_tokens, repeated_share, summary
+from draftsmith.data.repetition import (
+    LOOPING_THRESHOLDS,
+    NGRAM,
+    answer_tokens,
+    looping_share,
+    repeated_share,
+    summary,
+)
 from draftsmith.data.tool_calls import call_arguments
 
 log = logging.getLogger(__name__)
@@ -448,7 +455,8 @@ class TokenizeSettings:
     multi_turn: str = "auto"
     max_prompt_mismatch_fraction: float = 0.01
     max_answer_mismatch_fraction: float = 0.05
-    max_repetition: float | None = None  # drop rows whose answers loop more (draftsmith.data.repetition)
+    max_looping: float | None = None  # drop rows whose answers loop more (draftsmith.data.repetition)
+    max_repetition: float | None = None  # deprecated: the 4-gram share, which flags long code and logs
     tool_rendering: str = "template"  # conversations with tools: the template's own rendering, or text
 
     @classmethod
@@ -459,7 +467,7 @@ class TokenizeSettings:
 # Settings added after projects were tokenized, with their defaults: they enter the tokenize job's params only
 # when set otherwise, as a new key there would tokenize every finished project again, and retrain its drafter,
 # for a setting it does not use.
-ADDED_DEFAULTS = {"max_repetition": None}
+ADDED_DEFAULTS = {"max_repetition": None, "max_looping": None}
 
 
 def tokenize_params(settings: dict) -> dict:
@@ -523,7 +531,8 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
     a template that does not fails the dataset with :class:`ToolTemplateError` before any row is kept."""
     renderer = Renderer(tokenizer, template_kwargs)
     layout = choose_layout(renderer, settings.multi_turn, settings.reasoning)
-    rows, rejects, checks, shares, looping = [], [], Checks(), [], 0
+    rows, rejects, checks, spans, ngrams = [], [], Checks(), [], []
+    dropped = {"max_looping": 0, "max_repetition": 0}  # looping rows, by the key that dropped them
     tools, tools_checked = ToolStats(), False
     for number, rec in jsonl.read(responses):
         with_tools = has_tools(rec)
@@ -545,14 +554,10 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
                 rejects.append({"file": str(responses), "row": number, "id": row_id,
                                 "reason": f"no assistant token within max_length={settings.max_length}"})
                 continue
-            share = repeated_share(_loop_tokens(ids, mask, row, calls))
-            shares.append(share)
-            if settings.max_repetition is not None and share > settings.max_repetition:
-                looping += 1
-                rejects.append({"file": str(responses), "row": number, "id": row_id,
-                                "reason": f"the answer loops: {share:.0%} of its positions repeat their last "
-                                          f"{NGRAM} tokens, above tokenize.max_repetition "
-                                          f"{settings.max_repetition:g}"})
+            loops = _loops(ids, mask, row, calls, settings, spans, ngrams)
+            if loops:
+                dropped[loops[0]] += 1
+                rejects.append({"file": str(responses), "row": number, "id": row_id, "reason": loops[1]})
                 continue
             rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
                          "loss_mask": mask, "seq_len": len(ids),
@@ -565,14 +570,38 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
         log.warning("%s: %d rows rejected (see %s)", responses, len(rejects), rejects_out)
     write_parquet(rows, out)
     write_jsonl(rejects_out, rejects)
-    if looping:
-        log.warning("%s: %d looping answers dropped (tokenize.max_repetition %g)", responses, looping,
-                    settings.max_repetition)
+    for key, count in dropped.items():
+        if count:
+            log.warning("%s: %d looping answers dropped (tokenize.%s %g)", responses, count, key,
+                        getattr(settings, key))
+    # the 4-gram share only where the deprecated limit asks for it
+    ngram = {"repetition": {**summary(ngrams, ngram=NGRAM), "dropped": dropped["max_repetition"],
+                            "limit": settings.max_repetition}} if settings.max_repetition is not None else {}
     return {"layout": layout, "rows": len(rows), "rejected": len(rejects),
             "tokens": sum(r["seq_len"] for r in rows), "assistant_tokens": sum(sum(r["loss_mask"]) for r in rows),
-            "round_trip": checks.as_dict(), "repetition": {**summary(shares), "dropped": looping,
-                                                           "limit": settings.max_repetition},
+            "round_trip": checks.as_dict(),
+            "looping": {**summary(spans, LOOPING_THRESHOLDS, measure="repeated span"),
+                        "dropped": dropped["max_looping"], "limit": settings.max_looping}, **ngram,
             "tools": tools.as_dict()}
+
+
+def _loops(ids: list[int], mask: list[int], row: Row, calls: dict[int, int], settings: TokenizeSettings,
+           spans: list[float], ngrams: list[float]) -> tuple[str, str] | None:
+    """The key that drops a row as looping and why, or None: its span share (:func:`looping_share`, appended to
+    ``spans``) above ``tokenize.max_looping``, or its 4-gram share (appended to ``ngrams``, measured only where
+    the deprecated ``tokenize.max_repetition`` is set) above that."""
+    span = looping_share(ids, mask)
+    spans.append(span)
+    ngram = repeated_share(_loop_tokens(ids, mask, row, calls)) if settings.max_repetition is not None else None
+    if ngram is not None:
+        ngrams.append(ngram)
+    if settings.max_looping is not None and span > settings.max_looping:
+        return "max_looping", (f"the answer loops: {span:.0%} of its tokens repeat the span just before them, "
+                               f"above tokenize.max_looping {settings.max_looping:g}")
+    if ngram is not None and ngram > settings.max_repetition:
+        return "max_repetition", (f"the answer loops: {ngram:.0%} of its positions repeat their last {NGRAM} "
+                                  f"tokens, above tokenize.max_repetition {settings.max_repetition:g}")
+    return None
 
 
 def _record_rows(renderer: Renderer, record: dict, layout: str, settings: TokenizeSettings,

@@ -1,15 +1,16 @@
-"""How much an answer repeats itself: the share of its tokens whose last ``n`` tokens already occurred earlier
-in the same answer.
+"""How much an answer loops: the share of its tokens that repeat the span just before them, back to back
+(:func:`looping_share`), the one measure of looping.
 
 A target decoding greedily, or cut at ``max_tokens``, loops (``(()()()…``, ``, 3, 4, 2, 2, 3, 4, …``), and
 reasoning targets do it more at T=0 (Qwen3's own guidance warns against greedy decoding in thinking mode). A
 loop is the easiest thing a drafter can predict: validation rewards it, the simulated τ that picks the
 checkpoint is inflated by it, and traffic does not loop. Measured per row at tokenization over the
-supervised tokens, so the report can show each dataset's distribution and ``tokenize.max_repetition`` can
-drop looping answers, counted, before they are trained on.
+supervised tokens, so the report can show each dataset's distribution and ``tokenize.max_looping`` can drop
+looping answers, counted, before they are trained on; the replay's "without looping rows" leaves out the rows
+above :data:`CYCLE_LOOPING` (:func:`is_looping`).
 
-Where a figure is given with and without looping rows (the replay that chooses the checkpoint), a row loops by
-a stricter measure, :func:`is_looping`: a span repeated back to back, which long code and logs do not do.
+The 4-gram share (:func:`repeated_share`) is what ``tokenize.max_repetition``, deprecated, still drops by, and what
+projects tokenized before the span measure recorded.
 """
 
 from __future__ import annotations
@@ -80,22 +81,38 @@ def turn_tokens(input_ids: list[int], loss_mask: list[int]) -> list[list[int]]:
     return runs
 
 
-def is_looping(input_ids: list[int], loss_mask: list[int]) -> bool:
-    """Whether a row's answers loop: more than :data:`CYCLE_LOOPING` of their tokens cycle
-    (:func:`cycled_share`, each turn on its own). What the replay's "without looping rows" subset, which
-    chooses the checkpoint, leaves out."""
+def looping_share(input_ids: list[int], loss_mask: list[int]) -> float:
+    """The share of a row's answer tokens that cycle (:func:`cycled_share`, each turn on its own): the one
+    measure of looping, which ``tokenize.max_looping`` drops by and :func:`is_looping` judges."""
     turns = turn_tokens(input_ids, loss_mask)
     answered = sum(map(len, turns))
-    return bool(answered) and sum(cycled_share(t) * len(t) for t in turns) / answered > CYCLE_LOOPING
+    return sum(cycled_share(t) * len(t) for t in turns) / answered if answered else 0.0
 
 
-def summary(shares: list[float]) -> dict:
-    """A dataset's distribution: quantiles, and the rows above each of :data:`THRESHOLDS` (what a
-    ``tokenize.max_repetition`` there would drop)."""
+def is_looping(input_ids: list[int], loss_mask: list[int]) -> bool:
+    """Whether a row's answers loop: more than :data:`CYCLE_LOOPING` of their tokens cycle (:func:`looping_share`).
+    What the replay's "without looping rows" subset, which chooses the checkpoint, leaves out."""
+    return looping_share(input_ids, loss_mask) > CYCLE_LOOPING
+
+
+# The span shares the report counts rows above (what a tokenize.max_looping there would drop).
+LOOPING_THRESHOLDS = (0.1, CYCLE_LOOPING, 0.5)
+
+
+def looping_text() -> str:
+    """The looping measure in words, for the report's table of it."""
+    return (f"Share of each answer's tokens that repeat the span just before them, back to back: a span of up to "
+            f"{MAX_PERIOD} tokens repeated over {MIN_CYCLE} tokens at least, each turn on its own. Above "
+            f"{CYCLE_LOOPING:g} a row is left out of the replay's figures without looping rows.")
+
+
+def summary(shares: list[float], thresholds: tuple[float, ...] = THRESHOLDS, **measure) -> dict:
+    """A dataset's distribution: quantiles, and the rows above each of ``thresholds`` (what a limit there would
+    drop); ``measure``: what the shares are of (``ngram``: the 4-gram share's window)."""
     if not shares:
         return {"rows": 0}
     ordered = sorted(shares)
     quantiles = statistics.quantiles(ordered, n=20, method="inclusive") if len(ordered) > 1 else ordered * 19
-    return {"rows": len(ordered), "ngram": NGRAM, "mean": round(statistics.fmean(ordered), 4),
+    return {"rows": len(ordered), **measure, "mean": round(statistics.fmean(ordered), 4),
             "p50": round(quantiles[9], 4), "p90": round(quantiles[17], 4), "max": round(ordered[-1], 4),
-            "above": {f"{t:g}": sum(s > t for s in ordered) for t in THRESHOLDS}}
+            "above": {f"{t:g}": sum(s > t for s in ordered) for t in thresholds}}

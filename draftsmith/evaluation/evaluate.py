@@ -166,17 +166,11 @@ class SetRun:
     requests_with_tools: int = 0  # requests inside the window sent with their prompt's tools
     tool_calls: int = 0  # tool calls the target made in them (a target that makes none answers tool prompts in text)
 
-    @property
-    def held(self) -> bool:
-        """The client kept the concurrency in flight (the engine's side is the method's against the target
-        alone's, :func:`hold`: its own mean sits below the concurrency while prompts prefill)."""
-        return self.in_flight >= HELD * self.concurrency
-
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
                 "window_s": round(self.window_s, 3), "mean_in_flight": round(self.in_flight, 2),
                 "mean_running": None if self.running is None else round(self.running, 2),
-                "peak_running": self.peak_running, "readings": self.readings, "held": self.held,
+                "peak_running": self.peak_running, "readings": self.readings,
                 "repeats": round(self.dispatched / self.prompts, 2), "tokens_counted": self.tokens_counted,
                 "requests_with_tools": self.requests_with_tools, "tool_calls": self.tool_calls,
                 "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
@@ -442,9 +436,10 @@ def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, co
     run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting,
                                              rounds, tool_rendering))
     result = run.as_dict()
-    if not run.held:
-        log.warning("%.2f requests in flight on average, not the %d asked: this run does not hold its concurrency",
-                    run.in_flight, concurrency)
+    why = hold(result, None, concurrency)  # the client's side; a method's run is judged again by its baseline's
+    result["held"], result["held_why"] = why is None, why
+    if why:
+        log.warning("%s, not the %d asked: this run does not hold its concurrency", why, concurrency)
     if drafting and engine == "vllm":
         result["acceptance"] = acceptance(before, after, result["output_tokens"])
     elif drafting:
@@ -764,21 +759,42 @@ def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContex
             "server_start_s": starts}
 
 
-def hold(run: dict, base: dict, concurrency: int) -> str | None:
-    """Why a method's run did not hold ``concurrency``, or None: its client kept fewer in flight, the target
-    alone's at the same point did (its speed-up divides by a window that was not at the concurrency), or its
-    engine ran under :data:`HELD` of what the target alone's ran there (a KV cache or max_num_seqs that queues
-    the rest: the target alone's mean, below the concurrency while prompts prefill, is the measure, not the
-    concurrency). Runs with no engine reading (an engine with no running gauge) are judged by the client."""
-    if not run.get("held", True):
+def hold(run: dict, base: dict | None, concurrency: int) -> str | None:
+    """Why a run did not hold ``concurrency``, or None; the one judge of "held" (:func:`held_rule_text` words it).
+    Its client kept fewer than :data:`HELD` of it in flight; or, for a method's run beside ``base`` (the target
+    alone's at the same point), the target alone's client did (its speed-up divides by a window that was not at
+    the concurrency), or its engine ran under :data:`HELD` of what the target alone's ran there (a KV cache or
+    max_num_seqs that queues the rest: the target alone's mean, below the concurrency while prompts prefill, is
+    the measure, not the concurrency). Runs with no engine reading (an engine with no running gauge) are judged
+    by the client, and a record with no client reading by what it has."""
+    if short(run, concurrency):
         return f"{run['mean_in_flight']:.2f} requests in flight on average, of {concurrency}"
-    if not base.get("held", True):
+    if base is None:
+        return None
+    if short(base, concurrency):
         return f"the target alone held {base['mean_in_flight']:.2f} requests in flight on average, of {concurrency}"
     ours, alone = run.get("mean_running"), base.get("mean_running")
     if ours is not None and alone and ours < HELD * alone:
         return (f"its engine ran {ours:.2f} requests on average, {ours / alone:.2f}x the target alone's {alone:.2f} "
                 f"({run.get('readings', 0)} and {base.get('readings', 0)} readings)")
     return None
+
+
+def short(run: dict, concurrency: int) -> bool:
+    """Whether a run's client kept fewer than :data:`HELD` of ``concurrency`` in flight (unread: no)."""
+    return run.get("mean_in_flight") is not None and run["mean_in_flight"] < HELD * concurrency
+
+
+def held_rule_text() -> str:
+    """:func:`hold`'s rule in one sentence, for every page that shows whether a figure held (report, card)."""
+    return (f"Held: the client kept {HELD:g} of the concurrency in flight, the target alone did too, and the engine "
+            f"ran {HELD:g} of the target alone's mean running count.")
+
+
+def readings_text() -> str:
+    """How the engine's running count that :func:`hold` judges is read, in one sentence."""
+    return (f"The engine's count is read every {SAMPLE_S:g} s; a window read fewer than {MIN_READINGS} times is "
+            "sent more rounds until it is.")
 
 
 def against(runs: list[dict], base_runs: list[dict], concurrency: int) -> list[dict]:

@@ -1,24 +1,27 @@
 """``results/drafter/README.md``: the description drafters are published with on the Hugging Face hub.
 
-YAML front matter the hub reads (base model, tags, datasets, license note), then the serving recipe
-(per concurrency band the vLLM and, for EAGLE-3, SGLang command with the draft length measured best
-there, its speed-up and τ, and a training-free method where one beat the drafter), what it achieved
-(τ per evaluation set and temperature), what it was trained on, the recipe, the config digest and how
-to reproduce it. Every figure comes from the run's own files; nothing is typed in by hand.
+YAML front matter the hub reads (base model, tags, datasets, license note), then what to serve on the first
+screen (per concurrency band the vLLM command of the setting measured best there where it needs no drafter,
+then this drafter's, each with what it gave), the acceptance per evaluation set and temperature, the serving
+recipe band by band (why each setting, SGLang's commands), the one config for every batch size, what it was
+trained on, the recipe, the config digest and how to reproduce it. Every figure comes from the run's own
+records; each rule's wording comes from the function beside the code that applies it, which the report calls
+too, so the two never differ.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field
 
 import yaml
 
+from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.datasets import hub_id
+from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
-from draftsmith.evaluation.pick import FIGURES, figures, serving_by_workload, tool_use
-from draftsmith.evaluation.schedule import best_single, describe
+from draftsmith.evaluation.pick import FIGURES, figures, load_changed_text, serving_by_workload, tool_use
+from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
@@ -26,6 +29,7 @@ from draftsmith.training.export import (
     PREDICTED_SHARE,
     SAMPLED_Z,
     basis_text,
+    epoch_text,
     resolution_text,
     sampling_text,
 )
@@ -62,33 +66,9 @@ def front_matter(inputs: CardInputs) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
 
 
-def bands(concurrencies: list[int], plan: dict | None = None) -> list[str]:
-    """The batch sizes each measured concurrency stands for: from where its engine ran (the schedule's band
-    starts, :func:`draftsmith.evaluation.schedule.band_starts`) up to the next band's start, the last up to its
-    concurrency with those above named unmeasured. Results from before the schedule recorded its starts: from
-    each concurrency up to the next one measured."""
-    points = sorted(concurrencies)
-    starts = (plan or {}).get("starts") or {}
-    if [int(c) for c in starts] != points:
-        return _concurrency_bands(points)
-    out = []
-    for i, c in enumerate(points):
-        first = starts[str(c)]
-        last = starts[str(points[i + 1])] - 1 if i + 1 < len(points) else c
-        span = f"batch size {first}" if first == last else f"batch sizes {first} to {last}"
-        running = (plan.get("running") or {}).get(str(c))
-        ran = f", where the engine ran {running:.1f} on average" if i and running is not None else ""
-        out.append(f"{span} (measured at concurrency {c}{ran})"
-                   + (f"; above {c} unmeasured, served at its setting" if i + 1 == len(points) else ""))
-    return out
-
-
-def _concurrency_bands(points: list[int]) -> list[str]:
-    if len(points) == 1:
-        return [f"any concurrency (measured at {points[0]})"]
-    middle = [f"{c} to {n - 1} (measured at {c})" for c, n in itertools.pairwise(points[1:])]
-    return [f"below {points[1]} (measured at {points[0]})", *middle,
-            f"{points[-1]} and above (measured at {points[-1]})"]
+def plan_of(inputs: CardInputs) -> dict | None:
+    """The published schedule, as ``serving.json`` holds it (the pick's copy where there is none)."""
+    return (inputs.serving or {}).get("schedule") or inputs.results.get("schedule")
 
 
 def _vllm(base_model: str, config: dict | None) -> str:
@@ -102,6 +82,8 @@ def _figures(cell: dict) -> str:
             f"step" + (f" (τ per draft {_num(cell['tau'], '.3f')})" if cell.get("tau") is not None else ""))
 
 
+MEASURE_ON_GPUS = "Measure on your GPUs with `./run.sh` and `server.gpus` set before serving it there."
+ABOVE = "The command is under What to serve, above."  # a command the first screen gives is not repeated below
 COUNTED_AT_COMPLETION = "completed requests"  # evaluate.TOKENS_COUNTED["sglang"]: a run's ``tokens_counted``
 DRAIN_NOTE = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail below "
               "concurrency c is inside them.")
@@ -116,39 +98,128 @@ def drain_note(results: dict) -> list[str]:
     return [DRAIN_NOTE, ""] if any(run.get("tokens_counted") == COUNTED_AT_COMPLETION for run in runs) else []
 
 
+def what_to_serve(inputs: CardInputs) -> list[str]:
+    """The card's first screen: per concurrency band, the setting measured best there first where it needs no
+    drafter (a training-free method, or plain serving), then this drafter's own command, each with what it gave;
+    a short note under the band for what did not hold, and under them all for a CPU's ranking."""
+    results, family = inputs.results, inputs.family
+    by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
+    per_workload = serving_by_workload(results.get("methods") or {}, results.get("concurrency") or [],
+                                       results["pick"]["by"], inputs.workloads) if results.get("methods") else {}
+    device = "a GPU" if results.get("on_accelerator") else "a CPU"
+    lines = ["## What to serve", "",
+             f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
+             "band the setting measured best comes first."]
+    for band in bands(plan_of(inputs), results["concurrency"]):
+        entry = by_concurrency.get(band["concurrency"], {})
+        best, ours = _served_first(entry, family, bool(results.get("on_accelerator")))
+        heading = band_text(band)
+        lines += ["", f"### {heading[0].upper()}{heading[1:]}", ""]
+        if best is not None:
+            lines += [_best_line(best), *_command(inputs, best)]
+        if ours is None:
+            lines.append(f"{DISPLAY_NAME[family]} was not measured at this concurrency.")
+        else:
+            lines += [f"This drafter, {_tokens(ours['k'])}: {_figures(ours)}.", *_command(inputs, ours)]
+        lines += _band_notes(entry)
+        lines += _workloads_apart(inputs, per_workload, band["concurrency"], best or ours)
+    if not results.get("on_accelerator"):
+        lines += ["", cpu_ranking_text()]
+    return lines
+
+
+def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], concurrency: int,
+                     pooled: dict | None) -> list[str]:
+    """Each workload whose own sets, ranked alone, put another setting first at a band than the pooled sets did:
+    that setting and its command (:func:`~draftsmith.evaluation.pick.serving_by_workload`)."""
+    lines = []
+    for workload, entries in per_workload.items():
+        entry = next((e for e in entries if e["concurrency"] == concurrency), {})
+        ranked = entry.get("ranked", [])
+        ours = next((c for c in ranked if c["method"] == inputs.family), None)
+        own = _ahead(ranked, ours, bool(inputs.results.get("on_accelerator"))) or ours
+        same = pooled is not None and own is not None and (own["method"], own["k"]) == (pooled["method"], pooled["k"])
+        if own is None or same or entry.get("nothing_held"):
+            continue
+        sets = ", ".join(sorted(name for name, w in inputs.workloads.items() if w == workload))
+        setting = "this drafter" if own is ours else DISPLAY_NAME.get(own["method"], own["method"])
+        lines += ["", f"For {workload} traffic ({sets}) alone, {setting} ranked first: {_tokens(own['k'])}, "
+                      f"{_figures(own)}.", *_command(inputs, own)]
+    return lines
+
+
+def _served_first(entry: dict, family: str, accelerator: bool) -> tuple[dict | None, dict | None]:
+    """The cells whose commands a band of the first screen gives: the setting ranked above this drafter that
+    needs no drafter (none where nothing held), and this drafter's best."""
+    ranked = entry.get("ranked", [])
+    ours = next((c for c in ranked if c["method"] == family), None)
+    return (None if entry.get("nothing_held") else _ahead(ranked, ours, accelerator)), ours
+
+
+def _ahead(ranked: list[dict], ours: dict | None, accelerator: bool) -> dict | None:
+    """The setting to serve before this drafter at a band: the first ranked above it that needs no drafter, plain
+    serving only on an accelerator (a CPU's ranking says nothing of speed)."""
+    above = ranked[:ranked.index(ours)] if ours in ranked else ranked
+    return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
+
+
+def _best_line(cell: dict) -> str:
+    """The best setting of a band that needs no drafter, in one sentence."""
+    if cell["method"] == PLAIN:
+        return "Serve without speculation: the target alone was fastest here."
+    return f"{DISPLAY_NAME[cell['method']]}, {_tokens(cell['k'])}, needs no drafter: {_figures(cell)}."
+
+
+def _command(inputs: CardInputs, cell: dict) -> list[str]:
+    """The vLLM command serving a ranked cell as it was measured: this drafter from its folder, a training-free
+    method with the measurement's settings."""
+    if cell["method"] == PLAIN:
+        config = None
+    elif cell["trained"]:
+        config = speculative_config(cell["method"], cell["k"], {}, "<this folder>")
+    else:
+        config = speculative_config(cell["method"], cell["k"], inputs.results)
+    return ["```bash", _vllm(inputs.base_model, config), "```"]
+
+
+def _band_notes(entry: dict) -> list[str]:
+    """Short notes under a band: a band where nothing held, each cell that did not hold and why, and the rule."""
+    if not entry.get("not_held"):
+        return []
+    notes = [f"{DISPLAY_NAME.get(n['method'], n['method'])} {_tokens(n['k'])} did not hold this concurrency: "
+             f"{n['why']}." for n in entry["not_held"]]
+    if entry.get("nothing_held"):
+        notes.insert(0, "No method held this concurrency, so no setting is recommended here until it is measured "
+                        "again.")
+    return [line for note in [*notes, held_rule_text()] for line in ("", note)]
+
+
 def serving(inputs: CardInputs) -> list[str]:
     """Per concurrency band: this drafter at the draft length measured best there, or plain serving where the
-    target alone was faster on an accelerator, each with its command; every training-free method that beat
-    this drafter there, with its own; then the one config for every batch size (:func:`schedule`)."""
+    target alone was faster on an accelerator; every training-free method that beat this drafter there; SGLang's
+    command. A vLLM command the first screen gives (:func:`what_to_serve`) is pointed to, not repeated."""
     results, family = inputs.results, inputs.family
     by_concurrency = {e["concurrency"]: e for e in results.get("serving", [])}
     figure = FIGURES[results["pick"]["by"]]
     accelerator = results.get("on_accelerator")
-    where = (f"a GPU, ranked by {figure}" if accelerator else
-             f"a CPU (vLLM's CPU build), ranked by {figure}: there drafting costs about as much as a target step, "
-             "so the target alone is faster at almost every setting and the speed-ups say nothing of a GPU's. "
-             "Ranked by tokens per target step, a CPU prefers the largest draft length measured but for the runs' "
-             "noise (each more draft token adds accepted tokens at no cost that it can see; a shorter length ahead "
-             "is ahead by sampling, not by its cost), so the draft lengths below say nothing "
-             "of a GPU's best: the speed-ups that matter come from your GPUs, and with them the draft length that "
-             "earns the most: measure them with `./run.sh` and `server.gpus` set")
-    lines = ["## Serving recipe", "",
+    where = f"a GPU, ranked by {figure}" if accelerator else f"a CPU (vLLM's CPU build), ranked by {figure}"
+    lines = ["## Serving recipe, band by band", "",
              f"Measured by draftsmith with {results['engine']} at concurrency "
              f"{', '.join(map(str, results['concurrency']))} (each the requests held in flight), each setting "
              f"against the target alone, on {where}. Tokens per target step count every step.", "",
-             *drain_note(results)]
+             *([] if accelerator else [f"{cpu_draft_length_text()} {MEASURE_ON_GPUS}", ""]), *drain_note(results)]
     evaluation = results["methods"].get(family, {})
-    for c, band in zip(sorted(results["concurrency"]), bands(results["concurrency"], results.get("schedule")),
-                       strict=True):
-        entry = by_concurrency.get(c, {})
+    for band in bands(plan_of(inputs), results["concurrency"]):
+        entry = by_concurrency.get(band["concurrency"], {})
         ranked = entry.get("ranked", [])
         ours = next((i for i, cell in enumerate(ranked) if cell["method"] == family), None)
         plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), None)
-        lines += [f"### {band[0].upper()}{band[1:]}" if band.startswith("batch") else f"### Concurrency {band}", ""]
+        heading = band_text(band)
+        lines += [f"### {heading[0].upper()}{heading[1:]}", ""]
         lines += _not_held(entry)
         if ours is None:
             lines += [f"{DISPLAY_NAME[family]} was not measured at this concurrency.", ""]
-        elif accelerator and plain is not None and plain < ours and _training_free_ahead(inputs, ranked, ours, figure):
+        elif accelerator and plain is not None and plain < ours and _training_free_ahead(inputs, entry, ours, figure):
             lines += [f"The target alone was faster than {DISPLAY_NAME[family]} here at every draft length (its best, "
                       f"{_tokens(ranked[ours]['k'])}: {_figures(ranked[ours])}), and a method that needs no drafter "
                       "was faster than both:", ""]
@@ -159,12 +230,10 @@ def serving(inputs: CardInputs) -> list[str]:
         elif accelerator and plain is not None and plain < ours:
             lines += [f"**Serve without speculation here**: the target alone was faster than {DISPLAY_NAME[family]} "
                       f"at every draft length (its best, {_tokens(ranked[ours]['k'])}: "
-                      f"{_figures(ranked[ours])}).", "", "```bash", _vllm(inputs.base_model, None), "```", ""]
+                      f"{_figures(ranked[ours])}). {ABOVE}", ""]
         else:
             cell = ranked[ours]
-            lines += [f"{DISPLAY_NAME[family]}, {_tokens(cell['k'])}: {_figures(cell)}.", "", "```bash",
-                      _vllm(inputs.base_model, speculative_config(family, cell["k"], {}, "<this folder>")), "```",
-                      ""]
+            lines += [f"{DISPLAY_NAME[family]}, {_tokens(cell['k'])}: {_figures(cell)}. {ABOVE}", ""]
             if inputs.sglang_reason is None:
                 k = cell["k"]
                 lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
@@ -172,7 +241,7 @@ def serving(inputs: CardInputs) -> list[str]:
                           "--speculative-algorithm EAGLE3 \\",
                           f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
                           f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
-        lines += _training_free_ahead(inputs, ranked, ours, figure)
+        lines += _training_free_ahead(inputs, entry, ours, figure)
     if inputs.sglang_reason is not None:
         lines += [f"SGLang: no SGLang export was written ({inputs.sglang_reason})."]
     if not evaluation.get("cells"):
@@ -193,21 +262,23 @@ def _not_held(entry: dict) -> list[str]:
     return [f"Ranked at what it delivered, not at the concurrency it did not hold: {cells}.", ""]
 
 
-def _training_free_ahead(inputs: CardInputs, ranked: list[dict], ours: int | None, figure: str) -> list[str]:
+def _training_free_ahead(inputs: CardInputs, entry: dict, ours: int | None, figure: str) -> list[str]:
     """Every training-free method ranked above this drafter at a band, each with its command, whether or not
     another trained family beat it too; on an accelerator, only those that beat the target alone as well
     (one below it is no setting to serve)."""
+    ranked = entry.get("ranked", [])
     plain = next((i for i, cell in enumerate(ranked) if cell["method"] == PLAIN), len(ranked))
     above = min(len(ranked) if ours is None else ours, plain if inputs.results.get("on_accelerator") else len(ranked))
     ahead = [cell for cell in ranked[:above] if not cell["trained"] and cell["method"] != PLAIN]
+    shown = _served_first(entry, inputs.family, bool(inputs.results.get("on_accelerator")))[0]
     lines = []
     for cell in ahead:
         against = f"this drafter's {ranked[ours]['score']:.3f}" if ours is not None else "this drafter, not measured"
         lines += [f"**{DISPLAY_NAME[cell['method']]}, which needs no drafter, beat this drafter here**: "
                   f"{_tokens(cell['k'])}, {_figures(cell)}; {figure} {cell['score']:.3f} against {against}. "
-                  "Serve it instead at this concurrency:", "",
-                  "```bash", _vllm(inputs.base_model, speculative_config(cell["method"], cell["k"],
-                                                                         inputs.results)), "```", ""]
+                  + (f"Serve it instead at this concurrency. {ABOVE}" if cell is shown else
+                     "Serve it instead at this concurrency:"), "",
+                  *([] if cell is shown else [*_command(inputs, cell), ""])]
         if cell["method"] == "suffix":
             lines += ["Suffix decoding was measured without its tree of earlier answers "
                       "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "
@@ -227,50 +298,38 @@ def schedule(inputs: CardInputs) -> list[str]:
                 f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) is vLLM's only, and "
                 f"these figures were measured with {inputs.results['engine']}: no schedule is given, since none was "
                 "measured. Use the per-band commands above."]
-    single = best_single(inputs.results.get("serving", []), inputs.family)
-    lead = [] if single is None else [
-        f"**{DISPLAY_NAME[single['method']]}, which needs no drafter, beat this drafter at every measured "
-        f"concurrency**: it is the best single config for every batch size ({_tokens(single['k'])}):", "", "```bash",
-        _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```", "",
-        "This drafter's own config for every batch size, if you serve it:", ""]
     plan, config = served["schedule"], served["speculative_config"]
+    single = beaten_by(plan, inputs.results.get("serving", []))
+    lead = [one_config_text(plan, inputs.results.get("serving", [])), ""] + ([] if single is None else [
+        "```bash", _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```",
+        "", "This drafter's own config for every batch size, if you serve it:", ""])
     command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
     if plan["kind"] == "plain":
         said = ["The target alone was fastest at every measured concurrency"
-                + (" that held" if plan.get("not_held") else "") + ": serve without speculation." + _unmeasured(plan)]
+                + (" that held" if plan.get("not_held") else "") + ": serve without speculation."
+                + unmeasured_text(plan)]
     elif plan["kind"] == "fixed":
         said = [f"{DISPLAY_NAME[plan['family']]} drafts {_tokens(plan['max_k'])} at every measured concurrency, so "
                 "one fixed config serves every batch size; the grid measured it (`serving.json` holds it)."
-                + _unmeasured(plan)]
+                + unmeasured_text(plan)]
     else:
         failed = [c["failed"] for c in (served.get("measured") or {}).get("cells", []) if c.get("failed")]
-        said = [f"vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`, read by its "
-                f"scheduler at every step): {describe(plan)}. "
-                + (f"**vLLM could not serve it here** ({failed[0]}): use the per-band commands above." if failed
-                   else "One command for mixed traffic (`serving.json` holds the config; SGLang has no such "
-                        "schedule: use the per-band commands above). vLLM ignores it with data parallelism "
-                        "(`--data-parallel-size` above 1), serving the largest k at every batch size:")]
+        said = ["vLLM's dynamic speculative decoding (`num_speculative_tokens_per_batch_size`) drafts a length of "
+                "its own at each band of batch sizes, read by its scheduler at every step:", "",
+                *(f"- {part}" for part in band_parts(plan)), "",
+                f"**vLLM could not serve it here** ({failed[0]}): use the per-band commands above." if failed
+                else "One command for mixed traffic; `serving.json` holds the config. SGLang has no such schedule: "
+                     "use the per-band commands above. vLLM ignores it with data parallelism (`--data-parallel-size` "
+                     "above 1), serving the largest k at every batch size:"]
         command = ([] if failed else command) + ["", *schedule_table(served.get("measured") or {}, inputs.results)]
     return ["## One config for every batch size", "", *lead, *said, "", *command, *_cpu_caveat(inputs.results)]
-
-
-def _unmeasured(plan: dict) -> str:
-    """A fixed or plain schedule's batch sizes that no cell measured as held: above the largest concurrency
-    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`describe` names them)."""
-    above = plan.get("unmeasured_above")
-    said = [f" Batch sizes from {above['from']} up are unmeasured (the largest concurrency measured was "
-            f"{above['from'] - 1}): vLLM serves them at the same setting."] if above else []
-    said += [f" Concurrency {c} did not hold ({why}): unmeasured." for c, why in (plan.get("not_held") or {}).items()]
-    return "".join(said)
 
 
 def _cpu_caveat(results: dict) -> list[str]:
     """Beside a config measured on a CPU: its draft length is what tokens per step prefer, not a GPU's best."""
     if results.get("on_accelerator", True):
         return []
-    return ["", "Measured on a CPU and ranked by tokens per target step, which rise with the draft length but for "
-                "the runs' noise: this config's draft length is not a GPU's best. Measure on your GPUs before "
-                "serving it there."]
+    return ["", f"{cpu_draft_length_text()} {MEASURE_ON_GPUS}"]
 
 
 def schedule_table(measured: dict, results: dict) -> list[str]:
@@ -334,9 +393,14 @@ def predicted_against_served(inputs: CardInputs) -> list[str]:
     if not table:
         return []
     return ["## Served against predicted", "",
-            f"At the export gate vLLM served the first turns of validation rows (up to {GATE_WINDOW} tokens each); "
-            "the same drafter, replayed on the stored hidden states of those rows as a server drafts and verifies, "
-            "predicted:", "", *table]
+            f"At the export gate vLLM served {_gate_epoch(inputs.gate)}the first turns of validation rows, up to "
+            f"{GATE_WINDOW} tokens each. The same drafter, replayed on the stored hidden states of those rows as a "
+            "server drafts and verifies, predicted:", "", *table]
+
+
+def _gate_epoch(gate: dict | None) -> str:
+    """The epoch the gate served, where its record says (gates record it counted from 0)."""
+    return f"the exported {epoch_text(gate['epoch'])} on " if (gate or {}).get("epoch") is not None else ""
 
 
 def load_changed(results: dict) -> list[str]:
@@ -345,9 +409,7 @@ def load_changed(results: dict) -> list[str]:
     if not changes:
         return []
     lines = ["## The machine's load changed between measurements", "",
-             "The target alone, on the same prompts at the same concurrency, read different speeds in different "
-             "methods' windows; the speed-ups at these points divide by baselines the other methods did not have. "
-             "Tokens per target step, counted by the engine, do not depend on load.", ""]
+             load_changed_text(), ""]
     return lines + [f"- concurrency {c['concurrency']}, {c['set']}, T={c['temperature']:g}: "
                     + ", ".join(f"{DISPLAY_NAME.get(m, m)} {v:g} tok/s" for m, v in c["baseline_tok_s"].items())
                     + f" ({c['spread']:+.0%})" for c in changes]
@@ -488,7 +550,7 @@ def recipe(inputs: CardInputs) -> list[str]:
             f"{t['optimizer']}, {t['scheduler']} schedule, sequence length {t['total_seq_len']}; target layers "
             f"{tr['hidden_states']['aux_layers']}{stored}; "
             + ("warm start from `" + tr["warm_start"]["source"] + "`" if tr.get("warm_start") else "from scratch")
-            + f". Exported epoch {epoch + 1 if epoch is not None else '–'} ({chosen.get('reason', '–')})."
+            + f". Exported {epoch_text(epoch)}: {chosen.get('reason', '–')}."
             + _trainer(tr.get("trainer")),
             "", f"Config digest: `{inputs.config_digest}` (what the results depend on; operational settings "
             "excluded)."]
@@ -525,10 +587,11 @@ def card(inputs: CardInputs) -> str:
              f"# {DISPLAY_NAME[inputs.family]} drafter for {inputs.base_model}", "",
              f"A speculative-decoding drafter trained by draftsmith with "
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
-             f"`{inputs.base_model}`. The license of the base model applies.", "",
+             f"`{inputs.base_model}`; the base model's license applies.", "",
+             *what_to_serve(inputs), "", *results_table(inputs.results), "",
              *serving(inputs), "", *_section(schedule(inputs)), *_section(load_changed(inputs.results)),
              *_section(recipe_by_workload(inputs.results, inputs.workloads)),
-             *results_table(inputs.results), "", *_section(tool_calls(inputs.results, inputs.workloads)),
+             *_section(tool_calls(inputs.results, inputs.workloads)),
              *_section(predicted_against_served(inputs)),
              *_section(pick(inputs.results)),
              *training_data(inputs), "",

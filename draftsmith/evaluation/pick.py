@@ -217,6 +217,13 @@ def load_changes(evaluations: dict[str, dict]) -> list[dict]:
     return out
 
 
+def load_changed_text() -> str:
+    """:func:`load_changes`' rule in words, for every page that lists the windows it names."""
+    return (f"The target alone read speeds more than {LOAD_TOLERANCE:.0%} apart at the same point in different "
+            "methods' windows, so the speed-ups there divide by baselines the other methods did not have. Tokens "
+            "per target step, counted by the engine, do not depend on load.")
+
+
 def require_measured(evaluations: dict[str, dict], serving: list[dict], pick_by: str) -> None:
     """Refuse a side-by-side in which no method has a figure at any concurrency (every server failed, or
     every method was left out): written as "nothing measured", the job would end as a success."""

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path, write_text
+from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
+from draftsmith.data.repetition import looping_text
+from draftsmith.evaluation.evaluate import held_rule_text, readings_text
 from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
 from draftsmith.evaluation.model_card import (
     drain_note,
@@ -16,8 +19,15 @@ from draftsmith.evaluation.model_card import (
     tool_calls,
 )
 from draftsmith.evaluation.pick import FIGURES, figures, label_of
-from draftsmith.evaluation.schedule import describe
-from draftsmith.training.export import ABOVE_SHARE, FLAG_MIN_ACCEPTED, GATE_WINDOW, PREDICTED_SHARE, basis_text
+from draftsmith.evaluation.schedule import describe_bands, one_config_text
+from draftsmith.training.export import (
+    ABOVE_SHARE,
+    FLAG_MIN_ACCEPTED,
+    GATE_WINDOW,
+    PREDICTED_SHARE,
+    basis_text,
+    epoch_text,
+)
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
 
@@ -243,10 +253,8 @@ def _serving(results: dict) -> list[str]:
              "with a drafter that always drafts. Each concurrency is the requests held in flight over the timed "
              "window (the evaluation table gives each run's mean).", "", *drain_note(results)]
     if asked != results["pick"]["by"]:
-        lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by): measured on a CPU, where drafting "
-                  "costs about as much as a target step, so the target alone is faster everywhere and speed-ups say "
-                  "nothing of a GPU's. The tokens per step carry over; the best draft length does not: ranked by "
-                  "tokens per step, the largest draft length measured wins but for the runs' noise.", ""]
+        lines += [f"Ranked by {by}, not {FIGURES[asked]} (evaluation.pick_by). {cpu_ranking_text()} "
+                  f"{cpu_draft_length_text()}", ""]
     lines += [
               "| concurrency | best | draft tokens | speed-up | tokens / step | margin over next | best trained | "
               "best training-free | training bought (tokens / step) |", "|---:|---|---:|---:|---:|---|---|---|---:|"]
@@ -325,10 +333,9 @@ def _evaluation(results: dict) -> list[str]:
                      f"{_fmt(row['baseline_tok_s'], '.1f')} | {_fmt(row['tok_s'], '.1f')} | "
                      f"{_fmt(row['speedup'], '.2f')}× |")
     lines += ["", "In flight: the requests the client held over the timed window; engine ran: the engine's own count "
-              "of running requests, read every 0.5 s, its mean below the client's while a request waits to be "
-              "admitted (a long prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than "
-              "the batch. A cell is ranked at a concurrency only where both the client's mean and the engine's peak "
-              "(where it was read at least 10 times) reached 0.9 of it."]
+              "of running requests, its mean below the client's while a request waits to be admitted (a long "
+              "prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than the batch. "
+              + f"{held_rule_text()} {readings_text()}"]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
@@ -352,7 +359,6 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
         hs.get("storage"), "")  # runs from before storage was a choice stored bf16, unsaid
     layout = f" ({hs.get('layout')} layout{stored})" if hs.get("layout") else ""
     start = f" Warm start from `{warm['source']}` ({warm['layout']} layout)." if warm else " Trained from scratch."
-    exported = chosen["epoch"] + 1 if chosen.get("epoch") is not None else None
     lines = ["## Drafter training", "",
              f"{training['rows']} rows (validation split included), run `{training['run_key']}`, speculators "
              f"{family_name(training)}"
@@ -365,8 +371,8 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
              f"{vocab['target_vocab_size']}, covering {vocab['coverage']:.1%} of the supervised training tokens "
              f"(d2t sha256 `{vocab['d2t_sha256'][:12]}…`).", "",
              *_trainer(training), "",
-             f"**Exported: epoch {_fmt(exported, 'd')}** "
-             f"({chosen.get('reason', '–')}). Export gate: {_gate(gate)}, {gate.get('verdict', '–')}.", "",
+             f"**Exported: {epoch_text(chosen.get('epoch'))}**: "
+             f"{chosen.get('reason', '–')}. Export gate: {_gate(gate)}, {gate.get('verdict', '–')}.", "",
              "Validation per epoch. speculators' own figures: full_acc_k, the first k+1 drafted tokens all match "
              "the target's best token among the draft vocabulary, at every answer position, simulated τ = 1 + Σ "
              "full_acc_k; position_k_acc: position k of a drafted block matches, simulated τ = the mean accepted run "
@@ -463,25 +469,36 @@ def _data(prompt_stats: dict[str, dict], merge_stats: dict) -> list[str]:
 
 
 def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
-    """Each dataset's looping answers: the distribution of the share of answer positions whose last tokens
-    already occurred in the answer, the rows a limit would drop, and the rows tokenize.max_repetition dropped."""
-    measured = {name: stats["repetition"] for name, stats in (tokenized or {}).items()
-                if stats.get("repetition", {}).get("rows")}  # tokenized before repetition was measured: none
-    if not measured:
+    """Each dataset's looping answers: the distribution of its rows' looping share (the repeated span,
+    :func:`~draftsmith.data.repetition.looping_share`), the rows a limit would drop, and those dropped. Datasets
+    tokenized before the span was measured show their 4-gram share as it was recorded."""
+    stats = (tokenized or {}).items()
+    spans = {name: st["looping"] for name, st in stats if st.get("looping", {}).get("rows")}
+    ngrams = {name: st["repetition"] for name, st in stats if st.get("repetition", {}).get("rows")}
+    if not spans and not ngrams:  # tokenized before repetition was measured: none
         return []
-    first = next(iter(measured.values()))
-    thresholds = list(first["above"])
     lines = ["## Looping answers", "",
-             f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier in it "
-             "(a looping answer is easy to predict: validation rewards it and traffic does not loop). Rows above a "
-             "share are what `tokenize.max_repetition` there would drop (generated datasets; pre-tokenized ones "
-             "are not measured).", "",
-             "| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"> {t}" for t in thresholds)
-             + " | dropped |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
+             "A looping answer is easy to predict: validation rewards it and traffic does not loop. Rows above a "
+             "share are what a limit there would drop (generated datasets; pre-tokenized ones are not measured)."]
+    if spans:
+        lines += ["", looping_text(), "", *_share_table(spans, "tokenize.max_looping")]
+    if ngrams:
+        first = next(iter(ngrams.values()))
+        lines += ["", f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier "
+                      "in it (the 4-gram share, which long code and logs reach too), as recorded:", "",
+                  *_share_table(ngrams, "tokenize.max_repetition")]
+    return lines
+
+
+def _share_table(measured: dict[str, dict], key: str) -> list[str]:
+    """Per dataset: its shares' distribution, the rows above each threshold, and what ``key`` dropped."""
+    thresholds = list(next(iter(measured.values()))["above"])
+    lines = ["| dataset | rows | mean | p50 | p90 | max | " + " | ".join(f"> {t}" for t in thresholds)
+             + f" | dropped by `{key}` |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
     for name, rep in measured.items():
         dropped = f"{rep['dropped']} (limit {rep['limit']:g})" if rep.get("limit") is not None else "– (no limit)"
         lines.append(f"| {name} | {rep['rows']} | {rep['mean']:.3f} | {rep['p50']:.3f} | {rep['p90']:.3f} | "
-                     f"{rep['max']:.3f} | " + " | ".join(str(rep["above"][t]) for t in thresholds)
+                     f"{rep['max']:.3f} | " + " | ".join(str(rep["above"].get(t, "–")) for t in thresholds)
                      + f" | {dropped} |")
     return lines
 
@@ -640,8 +657,8 @@ def schedule_section(inputs: Inputs) -> list[str]:
     if not inputs.serving:
         return []
     plan = inputs.serving["schedule"]
-    lines = ["## One config for every batch size", "",
-             f"{DISPLAY_NAME[plan['family']]}'s schedule ({plan['kind']}): {describe(plan)}; "
+    lines = ["## One config for every batch size", "", one_config_text(plan, inputs.results.get("serving", [])), "",
+             f"{DISPLAY_NAME[plan['family']]}'s schedule ({plan['kind']}): {describe_bands(plan)}; "
              "`results/drafter/serving.json` holds the vLLM config."]
     if plan["kind"] == "dynamic":
         lines += ["", *schedule_table(inputs.serving.get("measured") or {}, inputs.results)]
@@ -669,9 +686,7 @@ def markdown(inputs: Inputs, plot_name: str, training_plot_name: str, families_p
              *_section(_tool_data(inputs.generation, inputs.tokenized)),
              *_section(_repetition(inputs.tokenized))]
     if not inputs.results.get("on_accelerator"):
-        lines += ["Measured on a CPU: there the figure of merit is τ (tokens per target step), as drafting costs "
-                  "about as much as the target's own step and no speed-up is expected; the speed-ups that matter "
-                  "come from your GPUs.", ""]
+        lines += [cpu_ranking_text(), ""]
     return "\n".join(lines)
 
 

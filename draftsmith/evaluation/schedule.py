@@ -21,10 +21,11 @@ differs between bands is served once more and measured at every concurrency of t
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from draftsmith.evaluation import methods
-from draftsmith.evaluation.methods import PLAIN
+from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN
 
 # The end of the last range: vLLM carries the last k past it anyway, and clips every range to max_num_seqs.
 LAST_BATCH = 1024
@@ -98,7 +99,8 @@ def build(serving: list[dict], family: str) -> dict:
             "starts_from": {str(c): "engine" if running.get(c) is not None else "concurrency" for c in sorted(ks)},
             "running": {str(c): None if running.get(c) is None else round(running[c], 2) for c in sorted(ks)},
             "not_held": not_held(serving, family),
-            "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None}
+            "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None,
+            "beaten_by": best_single(serving, family)}
 
 
 def not_held(serving: list[dict], family: str) -> dict[str, str]:
@@ -134,6 +136,77 @@ def best_single(serving: list[dict], family: str) -> dict | None:
     return {"method": method, "k": max(set(ks), key=lambda k: (ks.count(k), k))}
 
 
+def beaten_by(schedule: dict, serving: list[dict]) -> dict | None:
+    """The training-free method that is the best single config in place of the schedule's family
+    (:func:`best_single`, as the pick recorded it; schedules from before it was recorded: from the serving table
+    they were built from, nothing measured again)."""
+    return schedule["beaten_by"] if "beaten_by" in schedule else best_single(serving, schedule["family"])
+
+
+def one_config_text(schedule: dict, serving: list[dict]) -> str:
+    """Which single config serves every batch size best, in words: the only wording of it (report, card and
+    ``serving.json``'s ``described`` all say this)."""
+    family = DISPLAY_NAME.get(schedule["family"], schedule["family"])
+    single = beaten_by(schedule, serving)
+    if single is None and schedule["kind"] == "plain":
+        return "The best single config for every batch size is plain serving, without speculation."
+    if single is None:
+        return f"The best single config for every batch size is {family}'s schedule ({schedule['kind']})."
+    k = single["k"]
+    return (f"{DISPLAY_NAME.get(single['method'], single['method'])} with {k} draft token{'' if k == 1 else 's'}, "
+            f"which needs no drafter, beat {family} at every measured concurrency: it is the best single config "
+            f"for every batch size, and {family}'s own schedule is for those who serve the drafter anyway.")
+
+
+def bands(schedule: dict | None, concurrencies: list[int]) -> list[dict]:
+    """Each measured concurrency's band of batch sizes, as the schedule's ranges start them (:func:`band_starts`):
+    ``first`` and ``last`` batch size, the ``concurrency`` it was measured at, the engine's mean ``running``
+    there, and whether batch sizes above it are unmeasured (the last)."""
+    points = sorted(concurrencies)
+    starts = _starts_of(schedule or {}, points)
+    running = (schedule or {}).get("running") or {}
+    return [{"first": first, "last": starts[i + 1] - 1 if i + 1 < len(points) else c, "concurrency": c,
+             "running": running.get(str(c)), "unmeasured_above": i + 1 == len(points)}
+            for i, (first, c) in enumerate(zip(starts, points, strict=True))]
+
+
+def _starts_of(schedule: dict, points: list[int]) -> list[int]:
+    """Each band's first batch size: as the schedule recorded them, else where its ranges change k (a schedule
+    from before it recorded its starts; bands its ranges merged start at their concurrency), else each band from
+    its concurrency (no schedule), as :func:`ranges` drew them."""
+    recorded, k_at = schedule.get("starts") or {}, schedule.get("k_at") or {}
+    if [int(c) for c in recorded] == points:
+        return [recorded[str(c)] for c in points]
+    if [int(c) for c in k_at] != points or not schedule.get("ranges"):
+        return band_starts(points)
+    edges, starts = iter(r[0] for r in schedule["ranges"][1:]), [1]
+    for before, c in itertools.pairwise(points):
+        start = next(edges, c) if k_at[str(before)] != k_at[str(c)] else c
+        starts.append(max(starts[-1] + 1, start))
+    return starts
+
+
+def band_text(band: dict) -> str:
+    """A band's batch sizes in words, with where it was measured (the card's headings; :func:`describe`'s
+    ranges start at the same batch sizes)."""
+    first, last, c = band["first"], band["last"], band["concurrency"]
+    span = f"batch size {first}" if first == last else f"batch sizes {first} to {last}"
+    ran = f", where the engine ran {band['running']:.1f} on average" \
+        if band["running"] is not None and band["first"] > 1 else ""
+    return (f"{span} (measured at concurrency {c}{ran})"
+            + (f"; above {c} unmeasured, served at its setting" if band["unmeasured_above"] else ""))
+
+
+def unmeasured_text(plan: dict) -> str:
+    """A fixed or plain schedule's batch sizes that no cell measured as held: above the largest concurrency
+    measured, and the concurrencies that did not hold (a dynamic schedule's :func:`band_parts` names them)."""
+    above = plan.get("unmeasured_above")
+    said = [f" Batch sizes from {above['from']} up are unmeasured (the largest concurrency measured was "
+            f"{above['from'] - 1}): vLLM serves them at the same setting."] if above else []
+    said += [f" Concurrency {c} did not hold ({why}): unmeasured." for c, why in (plan.get("not_held") or {}).items()]
+    return "".join(said)
+
+
 def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict | None:
     """vLLM's ``--speculative-config`` serving ``schedule`` with the drafter in ``drafter`` (None: plain serving).
     A block family's cells have one k, its trained block, so its schedule drafts that or nothing."""
@@ -146,7 +219,19 @@ def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict |
 
 
 def describe(schedule: dict) -> str:
-    """The schedule in words, band by band: those that did not hold, and the batch sizes above the largest
+    """The schedule in words as ``serving.json`` and the pick's log hold it: where a training-free method beat its
+    family everywhere, that first (the file then says which config won), then :func:`describe_bands`."""
+    lead = one_config_text(schedule, []).removesuffix(".") + "; " if schedule.get("beaten_by") else ""
+    return lead + describe_bands(schedule)
+
+
+def describe_bands(schedule: dict) -> str:
+    """The schedule in words, band by band (:func:`band_parts`)."""
+    return "; ".join(band_parts(schedule))
+
+
+def band_parts(schedule: dict) -> list[str]:
+    """The schedule band by band, one phrase each: those that did not hold, and the batch sizes above the largest
     concurrency measured, named unmeasured."""
     parts = []
     above = schedule.get("unmeasured_above")  # schedules from before it was recorded: none
@@ -163,5 +248,5 @@ def describe(schedule: dict) -> str:
     if schedule.get("unmeasured"):  # no speculation there is the safe setting, not one plain serving won
         parts.append(f"{schedule['family']} has no figure at concurrency "
                      f"{', '.join(map(str, schedule['unmeasured']))}: served there without speculation, unmeasured")
-    return "; ".join(parts)
+    return parts
 

@@ -190,10 +190,9 @@ def training_status(family: str, epochs: int) -> TrainingStatus:
 def chosen_by(chosen: dict) -> str:
     """The exported epoch and the figure that chose it: the predicted served τ (exact or an estimate), else the
     simulated τ and why no prediction chose (training.json's ``chosen``)."""
-    from draftsmith.training.export import basis_text
+    from draftsmith.training.export import basis_text, epoch_text
 
-    epoch = chosen.get("epoch")
-    head = f"exported epoch {epoch + 1 if epoch is not None else '–'}"
+    head = f"exported {epoch_text(chosen.get('epoch'))}"
     if chosen.get("predicted_served_tau") is not None:
         at = f" at k={chosen['k']}" if chosen.get("k") else ""
         return (f"{head} by predicted served τ {chosen['predicted_served_tau']:.3f}{at} "

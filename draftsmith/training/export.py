@@ -405,6 +405,14 @@ def basis_text(exactness: dict | None) -> str:
     return "estimate: " + "; ".join(parts) if parts else "estimate"
 
 
+def epoch_text(epoch: int | None) -> str:
+    """An exported epoch in words, counted from 1 as training logs it; its records (``training.json``'s
+    ``chosen``, ``gate.json``) count from 0, so the text names the recorded value too."""
+    if epoch is None:
+        return "epoch –"
+    return f"epoch {epoch + 1} (recorded as \"epoch\": {epoch}, counted from 0)"
+
+
 def sampling_text(sampling: dict) -> str:
     """A sampling in words: ``T=0.6, top_p 0.95``."""
     return ", ".join([f"T={sampling['temperature']:g}",

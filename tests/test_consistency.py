@@ -1,0 +1,145 @@
+"""The report and the card render the same records, so every fact both show reads the same: the one config, each
+band's batch sizes, method and k, held or not, exact or estimate, the exported epoch. Each rule's wording comes
+from the function beside the code that applies it; these tests pin the wording to the code's verdicts, so a rule
+whose text changes without its code (or its code without its text) goes red here."""
+
+import re
+
+import pytest
+
+from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation import schedule
+from draftsmith.evaluation.methods import DISPLAY_NAME
+from draftsmith.evaluation.model_card import card
+from draftsmith.evaluation.report import Inputs, markdown
+from draftsmith.training.export import basis_text, epoch_text
+from tests import records
+from tests.test_report import GENERATION, MERGE, PROMPTS, TRAINING, VOCAB, card_inputs
+
+CHOSEN = {**TRAINING, "chosen": {"epoch": records.GATE["epoch"], "reason": "best simulated τ 1.900"}}
+
+
+def render(results: dict, served: dict, gate: dict) -> tuple[str, str]:
+    """The card and the report of one set of records."""
+    text = card(card_inputs(results, serving=served, gate=gate, training=CHOSEN))
+    report = markdown(Inputs(results, GENERATION, PROMPTS, MERGE, VOCAB, CHOSEN, gate, serving=served,
+                             gates={"eagle3": gate}), "acc.png", "train.png", "families.png", "map.png")
+    return text, report
+
+
+def card_bands(text: str) -> list[tuple[int, int, str, int]]:
+    """The card's first screen, band by band: first and last batch size, and the drafter's own k there."""
+    screen = text.split("## What to serve")[1].split("\n## ")[0]
+    out = []
+    for band in screen.split("\n### ")[1:]:
+        first, last = re.match(r"Batch sizes? (\d+)(?: to (\d+))?", band).groups()
+        k = re.search(r"This drafter, (\d+) draft tokens?", band).group(1)
+        out.append((int(first), int(last or first), band, int(k)))
+    return out
+
+
+def report_bands(text: str) -> list[tuple[int, int]]:
+    """The report's schedule, as ``describe_bands`` words its ranges: (first batch size, k), measured ones only."""
+    said = text.split("## One config for every batch size")[1].split("\n## ")[0]
+    return [(int(first), int(k)) for first, k in re.findall(r"batch (\d+)(?:-\d+)?: k=(\d+)(?!, unmeasured)", said)]
+
+
+@pytest.mark.parametrize("finished_before", [False, True], ids=["records now", "records of a finished project"])
+def test_the_report_and_the_card_say_the_same_of_every_figure(finished_before):
+    results = records.results()
+    served, gate = records.serving(results), records.GATE
+    if finished_before:  # no measurement is redone: what the newer fields say is read from the older ones
+        results, served, gate = records.finished_before(results, served, gate)
+    text, report = render(results, served, gate)
+    plan = served["schedule"]
+    # the one config: worded once, and what the ranking decided (n-gram beat the drafter at every band)
+    winner = schedule.best_single(results["serving"], "eagle3")
+    said = schedule.one_config_text(plan, results["serving"])
+    assert winner == {"method": "ngram", "k": 1}
+    assert said.startswith(f"{DISPLAY_NAME[winner['method']]} with {winner['k']} draft token, which needs no drafter")
+    assert said in text and said in report
+    if not finished_before:  # serving.json says which config won
+        assert served["described"].startswith(said.removesuffix("."))
+    # each band: the card's headings start where serving.json's ranges start, at the k they serve
+    bands = card_bands(text)
+    starts = [r[0] for r in plan["ranges"]]
+    assert [first for first, *_ in bands] == starts
+    assert [(first, k) for first, _, _, k in bands] == [(first, k) for first, _, k in plan["ranges"]]
+    assert report_bands(report) == [(first, k) for first, _, k in plan["ranges"]]
+    assert [(first, last) for first, last, *_ in bands] == [(b["first"], b["last"]) for b in schedule.bands(
+        plan, results["concurrency"])]
+    if not finished_before:
+        assert starts == [1, 11]  # the engine ran 10.8 at concurrency 12
+    # the winner's command comes first in each band, the drafter's after it
+    for *_, band, _ in bands:
+        assert band.index('"method": "ngram"') < band.index('"method": "eagle3"')
+    # held or not: the same cell, the same why, the same rule
+    if not finished_before:
+        assert f"did not hold this concurrency: {records.NOT_HELD}." in text and records.NOT_HELD in report
+    assert ev.held_rule_text() in text and ev.held_rule_text() in report
+    # exact or estimate, and the exported epoch as the records count it
+    basis = basis_text(gate["predicted"]["exactness"])
+    assert basis.startswith("estimate") and basis in text and basis in report
+    exported = epoch_text(CHOSEN["chosen"]["epoch"])
+    assert f"Exported {exported}" in text and f"**Exported: {exported}**" in report
+    assert exported == epoch_text(records.GATE["epoch"]) and '"epoch": 2' in exported
+
+
+def test_the_held_rule_reads_as_the_code_judges():
+    """The held rule's wording against :func:`evaluate.hold`'s verdicts: the report once said a cell held where
+    "the engine's peak reached 0.9 of the concurrency", and the code compared the engine's mean with the target
+    alone's."""
+    text = ev.held_rule_text()
+    assert f"the client kept {ev.HELD:g} of the concurrency in flight" in text
+    assert f"the engine ran {ev.HELD:g} of the target alone's mean running count" in text
+    c, alone = 12, {"mean_in_flight": 12.0, "mean_running": 8.0}
+    # the engine's mean at the share the text names of the target alone's holds, far below the concurrency
+    assert ev.hold({"mean_in_flight": 12.0, "mean_running": ev.HELD * 8.0}, alone, c) is None
+    assert ev.hold({"mean_in_flight": 12.0, "mean_running": ev.HELD * 8.0 - 0.01}, alone, c)
+    # the client: the share of the concurrency the text names; the target alone's client too
+    assert ev.hold({"mean_in_flight": ev.HELD * c}, None, c) is None
+    assert ev.hold({"mean_in_flight": ev.HELD * c - 0.01}, None, c)
+    assert ev.hold({"mean_in_flight": 12.0}, {"mean_in_flight": ev.HELD * c - 0.01}, c)
+    assert f"read every {ev.SAMPLE_S:g} s" in ev.readings_text() and f"fewer than {ev.MIN_READINGS} times" in \
+        ev.readings_text()
+
+
+def test_the_cards_first_screen_says_what_to_serve_in_short_notes():
+    """The card took 136 lines to say what to serve: the first command, at line 27, was the drafter's, and the
+    paragraph after it said n-gram beat it; one sentence ran to 81 words."""
+    results = records.results()
+    text, _ = render(results, records.serving(results), records.GATE)
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("vllm serve"))
+    assert first < 40 and '"method": "ngram"' in lines[first]
+    prose = [line for line in lines if line and not line.startswith(("|", "vllm", "python", "  --", "```", "#"))]
+    screen = text.split("## What to serve")[1].split("\n## ")[0]
+    notes = [line for line in screen.splitlines() if line.startswith(("Held:", "EAGLE-3 1 draft token did not"))]
+    assert len(notes) == 2 and all(len(note.split()) <= 30 and note.count(".") <= 3 for note in notes)
+    assert max(len(sentence.split()) for line in prose for sentence in re.split(r"(?<=[.!?])\s", line)) <= 50
+
+
+def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
+    from draftsmith.core import platform
+    from draftsmith.evaluation.pick import FIGURES
+
+    results = {**records.results(), "on_accelerator": False}
+    text, report = render(results, records.serving(results), records.GATE)
+    said = platform.cpu_ranking_text()
+    assert said in text and said in report
+    assert f"ranked by {FIGURES[platform.ranking_figure('speedup', 'cpu')]}" in said
+    assert platform.ranking_figure("speedup", "cuda") == "speedup"
+
+
+def test_the_load_rule_reads_as_the_code_flags():
+    from draftsmith.evaluation import pick
+
+    said = pick.load_changed_text()
+    assert f"more than {pick.LOAD_TOLERANCE:.0%} apart" in said
+
+    def measured(tok_s: float) -> dict:
+        return {"baseline": [{"concurrency": 4, "runs": [{"set": "s", "temperature": 0.0, "output_tok_s": tok_s}]}]}
+
+    edge = 40.0 * (1 + pick.LOAD_TOLERANCE)
+    assert not pick.load_changes({"a": measured(40.0), "b": measured(edge - 0.01)})
+    assert pick.load_changes({"a": measured(40.0), "b": measured(edge + 0.01)})
