@@ -18,7 +18,7 @@ from draftsmith.core import (
 )  # not `platform`: the Snakefile shares Snakemake's globals
 from draftsmith.core.digest import json_digest
 from draftsmith.data.chat import tokenize_params
-from draftsmith.data.datasets import entry_params, tool_params
+from draftsmith.data.datasets import entry_params, generation_tool_params, tool_params
 from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
@@ -182,10 +182,10 @@ def prompts_params(wildcards):
 
 
 def generation_params(wildcards):
-    # workload: a label; the tool settings only where the dataset is a tool workload (datasets.tool_params)
+    # workload: a label; the tool settings only where the dataset is a tool workload (datasets.generation_tool_params)
     entry = RESULT["datasets"][wildcards.generated]
     params = {k: v for k, v in entry_params(entry).items() if k not in SOURCE_KEYS}
-    return params | tool_params(RESULT, [entry["workload"]])
+    return params | generation_tool_params(RESULT, [entry["workload"]])
 
 
 def tokenize_job_params(wildcards):

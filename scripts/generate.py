@@ -36,7 +36,7 @@ def main() -> None:
     tokenize = TokenizeSettings.from_config(sm.config["tokenize"])
     # rows with tools: the target's parser where a managed server reads the calls, or the tools as text
     tools = tool_options(prompts, sm.config["target"]["tool_call_parser"], tokenize.tool_rendering,
-                         gen["engine"] if managed else None, name)
+                         gen["engine"] if managed else None, name, tokenize.reasoning)
     settings = GenerationSettings.from_config(
         entry["generation"], chat_template_kwargs=params.chat_template_kwargs,
         return_token_ids=(managed and gen["engine"] == "vllm") if token_ids == "auto" else token_ids, **tools)

@@ -355,9 +355,11 @@ def test_tool_options_ask_for_a_parser_only_where_a_managed_server_parses():
     with pytest.raises(ValueError, match=r"d: its rows have tools.*target.tool_call_parser.*tool_rendering: text"):
         tool_options(rows, None, "template", "vllm", "d")
     assert tool_options(rows, "hermes", "template", "sglang", "d") == {"tool_rendering": "template",
-                                                                       "tool_call_parser": "hermes"}
-    assert tool_options(rows, None, "text", "vllm", "d") == {"tool_rendering": "text"}
-    assert tool_options(rows, None, "template", None, "d") == {"tool_rendering": "template"}  # hosted API
+                                                                       "tool_call_parser": "hermes",
+                                                                       "reasoning": "template"}
+    assert tool_options(rows, None, "text", "vllm", "d") == {"tool_rendering": "text", "reasoning": "template"}
+    assert tool_options(rows, None, "template", None, "d", "drop") == {"tool_rendering": "template",
+                                                                       "reasoning": "drop"}  # hosted API
     with pytest.raises(ValueError, match=r"tokenize\.tool_rendering: 'json'"):
         tool_options(rows, None, "json", None, "d")
 
@@ -534,3 +536,43 @@ def test_the_models_own_ids_with_tools_come_through_an_endpoint_and_spell_its_ca
                          for r in rows)
     assert supervised.count('"name": "a"') == 1 and supervised.count('"name": "b"') == 1
     assert "sunny-result" not in supervised
+
+
+@pytest.mark.parametrize("reasoning", ["template", "think_tags", "drop"])
+def test_with_tools_the_history_sent_keeps_the_reasoning_tokenize_keeps(tmp_path, reasoning):
+    """Issue 57: within a tool stretch the server was sent the earlier answers' reasoning, which Qwen3's template
+    renders there (vLLM hands it on as reasoning_content); with tokenize.reasoning: drop the rows render without it
+    and the prompt round trip failed, blaming the template. Now the history sent keeps what the rows keep: every
+    prompt the server counted is the one the tokenize stage renders. The record keeps the model's reasoning."""
+    from transformers import AutoTokenizer
+
+    if not (QWEN3_TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"{QWEN3_TOKENIZER} is missing: run envs/test-assets.sh")
+    tokenizer = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    with ToolSim(tokenizer=tokenizer, reasoning=True) as sim:
+        run(sim, [CONTRACT], tmp_path, **tool_options([CONTRACT], None, "template", None, "d", reasoning))
+    history = [m for body in sim.requests for m in body["messages"] if m["role"] == "assistant"]
+    assert history and all(("reasoning" in m) == (reasoning == "template") for m in history)
+    assert all(("<think>" in (m["content"] or "")) == (reasoning == "think_tags") for m in history)
+    assert all("reasoning" in m for m in records(tmp_path)["p"]["messages"] if m["role"] == "assistant")
+    stats = tokenize_file(tmp_path / "out.jsonl", tokenizer, tmp_path / "t.parquet", tmp_path / "rejects.jsonl", "d",
+                          TokenizeSettings(reasoning=reasoning))
+    trip = stats["round_trip"]
+    assert trip["prompt_checked"] == 3 and trip["prompt_mismatched"] == 0, trip
+
+
+def test_tokenize_reasoning_names_a_tool_sets_journal_and_params_only():
+    """tokenize.reasoning shapes what a tool set's requests send, so it names its journal and enters its generate
+    params where set otherwise than its default; a set without tools keeps its journal and params."""
+    from draftsmith.data.datasets import generation_tool_params
+
+    rows, plain = [T("p", ["q"], None)], [Prompt("q", ["q"])]
+    assert tool_options(plain, None, "template", None, "d", "drop") == {}
+    dropped = GenerationSettings(**tool_options(rows, None, "template", None, "d", "drop"))
+    kept = GenerationSettings(**tool_options(rows, None, "template", None, "d", "template"))
+    assert settings_key("m", kept) == settings_key("m", GenerationSettings()) != settings_key("m", dropped)
+    config = {"target": {"tool_call_parser": None}, "tokenize": {"reasoning": "drop", "tool_rendering": "template"}}
+    assert generation_tool_params(config, ["chat"]) == {}
+    assert generation_tool_params(config, ["agent"]) == {"reasoning": "drop"}
+    assert generation_tool_params({**config, "tokenize": {**config["tokenize"], "reasoning": "template"}},
+                                  ["tools"]) == {}

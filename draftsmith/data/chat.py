@@ -131,7 +131,7 @@ def prepare_messages(messages: list[dict], reasoning: str) -> list[dict]:
             if reasoning == "template":
                 msg["reasoning_content"] = reasoning_text
             elif reasoning == "think_tags":
-                msg["content"] = f"<think>\n{reasoning_text}\n</think>\n\n{msg.get('content') or ''}"
+                msg["content"] = _think_tagged(reasoning_text, msg.get("content"))
         if msg.get("tool_calls"):
             msg["tool_calls"] = [_with_object_arguments(call) for call in msg["tool_calls"]]
         elif "tool_calls" in msg:
@@ -141,6 +141,31 @@ def prepare_messages(messages: list[dict], reasoning: str) -> list[dict]:
 
 
 KEPT_KEYS = ("role", "content", "reasoning", "tool_calls", "tool_call_id", "name")
+
+
+def _think_tagged(reasoning_text: str, content: str | None) -> str:
+    return f"<think>\n{reasoning_text}\n</think>\n\n{content or ''}"
+
+
+def history_reasoning(messages: list[dict], reasoning: str) -> list[dict]:
+    """A conversation as generation sends it to the server: its answers' reasoning as ``tokenize.reasoning``
+    keeps it (:func:`prepare_messages`), so the prompt the server renders is the one the tokenize stage
+    renders. ``template`` sends it as the answers' ``reasoning`` (vLLM hands it on to the template as
+    ``reasoning_content``); ``think_tags`` inline in their content; ``drop`` not at all. Qwen3's template
+    renders the reasoning of the answers after the last user turn, a tool stretch's earlier answers: sent
+    where the row renders without it, the server's prompt was one no row holds."""
+    if reasoning == "template":
+        return messages
+    out = []
+    for msg in messages:
+        if msg["role"] != "assistant" or not msg.get("reasoning"):
+            out.append(msg)
+            continue
+        kept = {k: v for k, v in msg.items() if k != "reasoning"}
+        if reasoning == "think_tags":
+            kept["content"] = _think_tagged(msg["reasoning"], msg.get("content"))
+        out.append(kept)
+    return out
 
 
 def _object_or_text(value) -> dict | str:

@@ -59,6 +59,17 @@ def tool_params(config: dict, workloads: list[str]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if v not in (None, "template")}
 
 
+def generation_tool_params(config: dict, workloads: list[str]) -> dict[str, Any]:
+    """A generate job's tool settings (:func:`tool_params`), with ``tokenize.reasoning`` where set otherwise than
+    its default: a tool stretch's history is sent with the reasoning the rows keep
+    (:func:`draftsmith.data.chat.history_reasoning`). A chat set's params, and a tool set's at the default, stay
+    as they were."""
+    if not any(w in TOOL_WORKLOADS for w in workloads):
+        return {}
+    reasoning = config["tokenize"]["reasoning"]
+    return tool_params(config, workloads) | ({"reasoning": reasoning} if reasoning != "template" else {})
+
+
 # Generation settings added since projects ran, at their unset value: left out of a job's params (and the run's
 # digest) until a project sets them, so that adding one reruns nothing.
 ADDED_GENERATION = {"unmatched_calls": None}

@@ -33,6 +33,9 @@ Semantics (documented in docs/stages.md):
   calls, counted as ``ends_at_call``, no cut. A stretch the model ends with steps unused is a natural
   end (``fewer_calls``), counted apart, and the next user turn follows. A turn whose text holds the
   parser's call markup with no call read is counted and warned about (the parser did not read it).
+  The history sent carries the answers' reasoning as ``tokenize.reasoning`` keeps it (``drop``: none,
+  ``think_tags``: inline; set for tool sets only), so the server's prompts are the rows' (Qwen3's template
+  renders the reasoning of a tool stretch's earlier answers).
   With ``tool_rendering: text`` the tools and results travel as text (no parser on the server) and
   the calls are read from the answer's ``<tool_call>`` blocks. A hosted API returns no token ids:
   there the tool-call tokens are the chat template's rendering (``tool_call_tokens: template``).
@@ -71,7 +74,13 @@ from tqdm import tqdm
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.core.digest import ids_digest, json_digest
-from draftsmith.data.chat import Renderer, parse_text_tool_calls, prepare_messages, text_rendering
+from draftsmith.data.chat import (
+    Renderer,
+    history_reasoning,
+    parse_text_tool_calls,
+    prepare_messages,
+    text_rendering,
+)
 from draftsmith.data.datasets import Prompt
 from draftsmith.generation.client import (
     ChatClient,
@@ -115,6 +124,7 @@ class GenerationSettings:
     tool_rendering: str = "template"  # tokenize.tool_rendering, for a dataset with tools (see tool_options)
     tool_call_parser: str | None = None  # target.tool_call_parser, where a managed server parses the calls
     unmatched_calls: str | None = None  # a call whose arguments no result has: None is cut (tool_pairing)
+    reasoning: str = "template"  # tokenize.reasoning, for a dataset with tools: what the history sent keeps
 
     @classmethod
     def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
@@ -143,7 +153,8 @@ class GenerationSettings:
         """How tool calls travel and are answered: empty for the defaults (``unmatched_calls: cut`` is the
         default's behaviour), so journals without tools keep their names."""
         settings = {"tool_rendering": self.tool_rendering, "tool_call_parser": self.tool_call_parser,
-                    "unmatched_calls": None if self.unmatched_calls == "cut" else self.unmatched_calls}
+                    "unmatched_calls": None if self.unmatched_calls == "cut" else self.unmatched_calls,
+                    "reasoning": self.reasoning}
         return {k: v for k, v in settings.items() if v != self.__dataclass_fields__[k].default}
 
     def __post_init__(self) -> None:
@@ -201,21 +212,23 @@ def answer_sampling(datasets: dict[str, dict], model_defaults: dict[str, Any]) -
 
 
 def tool_options(prompts: list[Prompt], parser: str | None, rendering: str, managed_engine: str | None,
-                 where: str) -> dict[str, Any]:
+                 where: str, reasoning: str = "template") -> dict[str, Any]:
     """The :class:`GenerationSettings` tool fields of a dataset: none without tools. A managed server
     reads the model's calls only with the target's parser, so one is required there unless the tools
-    travel as text; endpoints run elsewhere (``managed_engine`` None) bring their own parsing."""
+    travel as text; endpoints run elsewhere (``managed_engine`` None) bring their own parsing. A tool
+    stretch's history is sent with the reasoning ``tokenize.reasoning`` keeps (``reasoning``;
+    :func:`draftsmith.data.chat.history_reasoning`)."""
     if not any(p.tools for p in prompts):
         return {}
     if rendering not in TOOL_RENDERINGS:
         raise ValueError(f"tokenize.tool_rendering: {rendering!r} is not one of {', '.join(TOOL_RENDERINGS)}")
     if rendering == "text" or managed_engine is None:
-        return {"tool_rendering": rendering}
+        return {"tool_rendering": rendering, "reasoning": reasoning}
     if not parser:
         raise ValueError(f"{where}: its rows have tools, and the managed {managed_engine} server returns the model's "
                          "tool calls only through a parser: set target.tool_call_parser (e.g. hermes for Qwen3), "
                          "or tokenize.tool_rendering: text to send the tools as text")
-    return {"tool_rendering": rendering, "tool_call_parser": parser}
+    return {"tool_rendering": rendering, "tool_call_parser": parser, "reasoning": reasoning}
 
 
 @dataclass(frozen=True)
@@ -544,9 +557,10 @@ async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSett
         conv.messages.append({"role": "user", "content": turn})
         steps = list(stretches[index]) if index < len(stretches) else []
         while True:
-            if context and context.leaves_no_room(conv.messages, prompt.tools):
+            sent = history_reasoning(conv.messages, settings.reasoning)
+            if context and context.leaves_no_room(sent, prompt.tools):
                 return conv.end_at_context()
-            result = await ask(client, conv.messages, prompt, settings.request_body(), settings.tool_rendering)
+            result = await ask(client, sent, prompt, settings.request_body(), settings.tool_rendering)
             run.cost += result.cost or 0.0
             conv.messages.append(assistant_message(result, settings.tool_rendering == "text"))
             conv.turns.append(_turn_record(result))

@@ -13,7 +13,9 @@ With ``text=True`` the calls are written into the content as Hermes ``<tool_call
 model does where the tools are rendered as text and no parser runs), else returned in
 ``message.tool_calls``. ``return_token_ids`` gets, with a ``tokenizer``, the ids it gives for the text the
 answer stands for (its content, or its calls as Hermes blocks: what a Qwen3 model writes and the parser
-reads), else one made-up id per word of the answer. Every request
+reads), else one made-up id per word of the answer. With ``reasoning=True`` every answer thinks first
+(``reasoning: thinking <place>``, its ids behind ``<think>`` tags as Qwen3 writes them), and a history
+answer's ``reasoning`` reaches the template as ``reasoning_content``, as vLLM 0.32 hands it on. Every request
 body is kept in ``requests``. Runs in a thread like :class:`tests.sim.reasoning_server.ReasoningSim`.
 """
 
@@ -32,10 +34,11 @@ class ToolSim(ReasoningSim):
     """``tokenizer``: count each prompt as the target's template renders it with the request's tools, and the
     calls' arguments as objects (what vLLM hands the template), so the tokenize stage's prompt round trip holds."""
 
-    def __init__(self, text: bool = False, port: int = 0, tokenizer=None):
+    def __init__(self, text: bool = False, port: int = 0, tokenizer=None, reasoning: bool = False):
         super().__init__(port=port)
         self.text = text
         self.tokenizer = tokenizer
+        self.reasoning = reasoning
         self.requests: list[dict] = []
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -65,6 +68,9 @@ class ToolSim(ReasoningSim):
             message["content"] = written
         elif calls:
             message = {"role": "assistant", "content": None, "tool_calls": calls}
+        if self.reasoning:
+            message["reasoning"] = f"thinking {place}"
+            written = f"<think>\n{message['reasoning']}\n</think>\n\n{written}"
         length = re.search(r"length=(\d+)", script)
         if length and int(length.group(1)) == place:
             finish = "length"
@@ -83,6 +89,8 @@ class ToolSim(ReasoningSim):
                                                              "arguments": json.loads(c["function"]["arguments"])}}
                                          for c in m["tool_calls"]]} if m.get("tool_calls") else m
                     for m in body["messages"]]
+        messages = [{**{k: v for k, v in m.items() if k != "reasoning"}, "reasoning_content": m["reasoning"]}
+                    if m.get("reasoning") else m for m in messages]
         text = self.tokenizer.apply_chat_template(messages, tools=body.get("tools"), tokenize=False,
                                                   add_generation_prompt=True, **body.get("chat_template_kwargs", {}))
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
