@@ -294,7 +294,8 @@ def test_text_rendering_trains_smollm2_on_its_tool_calls_as_text(tokenizer, tmp_
     context = supervised(tokenizer, row["input_ids"], row["loss_mask"], keep=False)
     assert f"<tool_response>\n{RESULT}\n</tool_response>" in context and "<tools>" in context
     assert stats["tools"] == {"rows_with_tools": 1, "tool_calls": 1, "tool_call_tokens": stats["tools"][
-        "tool_call_tokens"], "tool_result_tokens_supervised": 0} and stats["tools"]["tool_call_tokens"] > 0
+        "tool_call_tokens"], "tool_result_tokens_supervised": 0, "per_turn_rerendered": 0} and \
+        stats["tools"]["tool_call_tokens"] > 0
 
 
 def test_text_rendering_and_its_parser_round_trip():
@@ -401,3 +402,47 @@ def test_unmatched_calls_enters_a_datasets_params_only_when_set():
     assert params["generation"]["max_tokens"] == 512
     chosen = {**entry, "generation": {**entry["generation"], "unmatched_calls": "by_name"}}
     assert entry_params(chosen)["generation"]["unmatched_calls"] == "by_name"
+
+
+# A prefix-stable Hermes-style template (as Qwen2.5's is): the calls re-rendered from the parsed ones, spaced by tojson.
+HERMES_STABLE = (
+    "{%- if tools -%}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>\n"
+    "{% endif -%}{%- for m in messages -%}{%- if m.role == 'tool' -%}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n{%- else -%}"
+    "<|im_start|>{{ m.role }}\n{{ m.content or '' }}{%- for c in m.tool_calls or [] -%}"
+    '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
+    "{%- endfor -%}<|im_end|>\n{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n"
+    "{% endif -%}")
+
+
+def test_own_ids_whose_earlier_call_the_template_re_rendered_go_per_turn_and_are_counted(qwen3, tmp_path):
+    """Issue 57: under ``whole`` (what auto picks for a prefix-stable template) a row of the model's own ids kept an
+    earlier call as the model wrote it (``{"city":"Paris"}``), while the server conditioned the next answer on the
+    parser's call re-rendered by the template (``{"city": "Paris"}``). That conversation now goes per turn, its
+    second row's history the server's, and is counted; one whose calls the template renders as written stays
+    whole."""
+    stable = copy.deepcopy(qwen3)
+    stable.chat_template = HERMES_STABLE
+    messages = [m for m in RECORD["messages"] if m["role"] != "system"]
+    messages = [{k: v for k, v in m.items() if k != "reasoning"} for m in messages]
+
+    def own(text):
+        ids = stable(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        return {"token_ids": ids, "finish_reason": "stop"}
+
+    def call(arguments):
+        return own(f'<tool_call>\n{{"name": "get_weather", "arguments": {arguments}}}\n</tool_call>')
+
+    answer = own("It is 18 °C and sunny.")
+    raw = {**RECORD, "id": "raw", "messages": messages, "turns": [call('{"city":"Paris"}'), answer]}
+    same = {**raw, "id": "same", "turns": [call('{"city": "Paris"}'), answer]}
+    responses = write_jsonl(tmp_path / "responses.jsonl", [raw, same])
+    stats = tokenize_file(responses, stable, tmp_path / "t.parquet", tmp_path / "rej.jsonl", "agent",
+                          TokenizeSettings())
+    rows = {r["id"]: r for r in pq.read_table(tmp_path / "t.parquet").to_pylist()}
+    assert stats["layout"] == "whole" and sorted(rows) == ["raw#turn0", "raw#turn1", "same"]
+    assert stats["tools"]["per_turn_rerendered"] == 1
+    history = supervised(stable, rows["raw#turn1"]["input_ids"], rows["raw#turn1"]["loss_mask"], keep=False)
+    assert '"arguments": {"city": "Paris"}' in history and '{"city":"Paris"}' not in history
+    assert supervised(stable, rows["raw#turn0"]["input_ids"], rows["raw#turn0"]["loss_mask"]).startswith(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}')  # the model's own ids, supervised

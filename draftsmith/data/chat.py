@@ -16,6 +16,11 @@ Two row layouts (``tokenize.multi_turn``):
   assistant turn (Qwen3, Kimi) are not prefix-stable; this is the layout for them.
 - ``auto`` (default): ``whole`` when a probe conversation is prefix-stable, else ``per_turn``.
 
+A conversation trained on the model's own ids whose earlier answer the template renders otherwise than the
+model wrote it (the parser read its calls, the template wrote them anew, and the server conditioned the later
+turns on that) is tokenized ``per_turn`` under ``whole`` too, counted (:func:`rerendered_answer`): a whole
+row would hold the model's raw ids where the server saw the template's rendering.
+
 What is supervised is what the model produced: where the server returned the answer's token ids
 (vLLM ``return_token_ids``), those ids are the turn's supervised tokens, followed by the
 template's end-of-turn marker when the model stopped on its own; the template renders only the
@@ -389,6 +394,22 @@ def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layo
     return rows
 
 
+def rerendered_answer(renderer: Renderer, messages: list[dict], turns: list[dict]) -> bool:
+    """Whether an answer with tool calls before the last is rendered by the template otherwise than the model's
+    own ids spell it (their markup re-written from the parsed calls: other spacing, key order, quoting). The
+    server rendered the later prompts from the parsed calls, so a ``whole`` row of the model's ids would
+    condition the later answers on a history the server never saw; ``per_turn`` rows hold the server's."""
+    assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for k, i in enumerate(assistant[:-1]):
+        if not messages[i].get("tool_calls") or k >= len(turns) or turns[k].get("token_ids") is None:
+            continue
+        start, end = renderer.span(messages, i)
+        rendered = renderer.text(messages[: i + 1], False)[start:end]
+        if renderer.tokenizer.decode(_own_tokens(renderer, messages, i, turns[k])) != rendered:
+            return True
+    return False
+
+
 def _rendered_row(renderer: Renderer, text: str, spans: dict[int, tuple[int, int]],
                   results: Sequence[str] = ()) -> Row:
     """The rendered text tokenized whole; the answers' characters supervised. (A row of the model's own
@@ -508,12 +529,15 @@ class ToolStats:
     ``tool_calls``: the model's calls in kept rows; ``tool_call_tokens``: supervised tokens of the
     assistant turns that made calls, whole turns (the calls' markup and any text beside it, so an
     upper bound of the tokens inside the calls); ``tool_result_tokens_supervised``: supervised tokens
-    inside a tool result's text, 0 unless a template moved one into an answer."""
+    inside a tool result's text, 0 unless a template moved one into an answer; ``per_turn_rerendered``:
+    conversations tokenized ``per_turn`` though the layout is ``whole``, as the template re-rendered an earlier
+    call of the model's (:func:`rerendered_answer`)."""
 
     rows_with_tools: int = 0
     tool_calls: int = 0
     tool_call_tokens: int = 0
     tool_result_tokens_supervised: int = 0
+    per_turn_rerendered: int = 0  # conversations tokenized per_turn under whole: an earlier call re-rendered
 
     def add(self, row: Row, calls: dict[int, int]) -> None:
         for k, tokens in row.turn_tokens.items():
@@ -567,13 +591,14 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
                 raise ToolTemplateError(f"{responses}: dataset {dataset!r} has tools, and {problem}")
             tools_checked = True
         try:
-            built = _record_rows(renderer, rec, layout, settings, checks)
+            built, rows_layout = _record_rows(renderer, rec, layout, settings, checks)
         except TemplateError as err:
             rejects.append({"file": str(responses), "row": number, "id": rec["id"], "reason": str(err)})
             continue
+        tools.per_turn_rerendered += rows_layout != layout
         calls, kept = _call_counts(rec, settings.tool_rendering), 0
         for row in built:
-            row_id = rec["id"] if layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
+            row_id = rec["id"] if rows_layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
             ids, mask = row.input_ids[: settings.max_length], row.loss_mask[: settings.max_length]
             if not any(mask):
                 rejects.append({"file": str(responses), "row": number, "id": row_id,
@@ -593,6 +618,9 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
     _enforce(checks, settings, str(responses))
     if rejects:
         log.warning("%s: %d rows rejected (see %s)", responses, len(rejects), rejects_out)
+    if tools.per_turn_rerendered:
+        log.info("%s: %d conversations tokenized per turn: the template re-rendered an earlier tool call of the "
+                 "model's, and the server saw that rendering", responses, tools.per_turn_rerendered)
     write_parquet(rows, out)
     write_jsonl(rejects_out, rejects)
     for key, count in dropped.items():
@@ -630,9 +658,10 @@ def _loops(ids: list[int], mask: list[int], row: Row, calls: dict[int, int], set
 
 
 def _record_rows(renderer: Renderer, record: dict, layout: str, settings: TokenizeSettings,
-                 checks: Checks) -> list[Row]:
-    """One generated record's rows, its turns checked into ``checks``. Its tools are rendered by the
-    template, or (``tool_rendering: text``) written into the messages as generation sent them."""
+                 checks: Checks) -> tuple[list[Row], str]:
+    """One generated record's rows and their layout, its turns checked into ``checks``. Its tools are rendered
+    by the template, or (``tool_rendering: text``) written into the messages as generation sent them. Its own
+    ids with an earlier call the template re-rendered go ``per_turn`` (:func:`rerendered_answer`)."""
     messages, tools = record["messages"], record.get("tools")
     if settings.tool_rendering == "text" and has_tools(record):
         messages, tools = text_rendering(messages, tools), None
@@ -644,9 +673,12 @@ def _record_rows(renderer: Renderer, record: dict, layout: str, settings: Tokeni
         answered += m["role"] == "assistant"
         if m["role"] == "tool":
             results.append((answered, m.get("content") or ""))
-    rows = build_rows(renderer, messages, turns, layout, own_tokens=settings.reasoning != "drop", results=results)
+    own_tokens = settings.reasoning != "drop"
+    if layout == "whole" and own_tokens and rerendered_answer(renderer, messages, turns):
+        layout = "per_turn"
+    rows = build_rows(renderer, messages, turns, layout, own_tokens=own_tokens, results=results)
     check_turns(renderer, messages, turns, rows, checks, record["id"])
-    return rows
+    return rows, layout
 
 
 def early_check(tokenizer, records: list[dict], settings: TokenizeSettings, template_kwargs: dict | None,
