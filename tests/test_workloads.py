@@ -185,7 +185,7 @@ def test_the_reports_data_table_shows_what_regeneration_did_with_tools(tmp_path)
                                            "ends_at_call": 5, "results_by_name": 2, "unparsed_call_markup": 1,
                                            "ends_at_context": 3, "dropped_context": 1}}
     tokenized = {"glaive": {"tools": {"rows_with_tools": 10, "tool_calls": 14, "tool_call_tokens": 812,
-                                      "tool_result_tokens_supervised": 0}}}
+                                      "tool_result_tokens_supervised": 0, "per_turn_rerendered": 2}}}
     text = report(tmp_path, report_inputs(results(evaluations()), generation=generation, tokenized=tokenized))
     section = text.split("## Tool-call data")[1].split("\n## ")[0]
     assert ("| glaive | 10 | 14 | 3 (30%: other function 2, parallel calls 1) | 5 | 4 | 2 | 812 | 0 | "
@@ -195,6 +195,7 @@ def test_the_reports_data_table_shows_what_regeneration_did_with_tools(tmp_path)
     assert "the turns after them are semi-on-policy" in section and "(glaive: 1): check target.tool_call_parser" \
         in section
     assert "A hosted API returns text: the calls' tokens are the template's rendering" in section
+    assert "one row per turn though the layout is whole (glaive: 2)" in section
     assert "| everyday |" not in section
     assert "Tool-call data" not in report(tmp_path, report_inputs(results(evaluations())))
 

@@ -561,6 +561,11 @@ def _tool_data(generation_stats: dict[str, dict], tokenized: dict[str, dict] | N
                       "read from it (" + ", ".join(f"{n}: {generation_stats[n]['unparsed_call_markup']}" for n in names
                                                    if generation_stats[n].get("unparsed_call_markup"))
                   + "): check target.tool_call_parser."]
+    rerendered = {n: ((tokenized or {}).get(n) or {}).get("tools", {}).get("per_turn_rerendered") for n in names}
+    if any(rerendered.values()):
+        lines += ["", "Conversations tokenized one row per turn though the layout is whole (" + ", ".join(
+            f"{n}: {k}" for n, k in rerendered.items() if k) + "): the template renders an earlier call otherwise "
+                  "than the model wrote it, and the server saw the template's rendering."]
     if any((st.get("tool_call_token_source") or {}).get("template") for st in generation_stats.values()):
         lines += ["", "A hosted API returns text: the calls' tokens are the template's rendering of the calls the API "
                       "returned, not the ids the model sampled."]
