@@ -462,13 +462,18 @@ def test_families_added_to_a_finished_run_train_alone_and_are_served_beside_eagl
         greedy_completions(work, prompts)
 
 
-def test_training_free_speculation_is_measured_alone_without_hidden_states(tmp_path):
+def test_training_free_speculation_is_measured_alone_without_hidden_states(workdir, tmp_path):
     """./run.sh results/evaluation/training_free.md: the target served alone and with n-gram, in minutes,
-    before any data run; nothing is generated, tokenized, extracted or trained."""
+    before any data run; nothing is generated, tokenized, extracted or trained. A project starts from the
+    prepared target and the engine check, the first jobs of every run: taken from the shared run (a conversion
+    and a vLLM start fewer), with nothing of its data."""
+    for first_jobs in ("results/models", "results/checks"):
+        shutil.copytree(workdir / first_jobs, tmp_path / first_jobs, symlinks=True)
     proc = snakemake(tmp_path, "results/evaluation/training_free.md")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     made = {p.name for p in (tmp_path / "results").iterdir()}
     assert not made & {"responses", "tokenized", "hidden_states", "train", "drafters"}, made
+    assert "rule preflight" not in proc.stdout + proc.stderr  # the copied checks stand: no engine started again
     md = (tmp_path / "results" / "evaluation" / "training_free.md").read_text()
     assert "| 2 | n-gram | 3 |" in md, md
     held = r"^\| n-gram \| 3 \| 2 \| [\d.]+ \([\d.]+, [\d.–]+\) \| everyday \|"  # in flight (engine: mean, peak)
