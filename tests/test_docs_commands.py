@@ -43,7 +43,9 @@ def as_run_here(command: str, dataset: str) -> list[str]:
     command = command.replace("[--configfile F ...]", "--configfile my.yaml").replace("[-n]", "-n")
     argv = [dataset if a == "DATASET" else a for a in shlex.split(command)]
     if argv[0] == "sbatch":  # the job's own command, asked for its usage: the module and its arguments exist
-        return [*shlex.split(argv[argv.index("--wrap") + 1].replace("\\$", "$")), "--help"]
+        job = shlex.split(argv[argv.index("--wrap") + 1].replace("\\$", "$"))
+        # a GPU node's stack (.venv-gpu) runs the same module as the stack set up here
+        return [job[0].replace(".venv-gpu/", ".venv/"), *job[1:], "--help"]
     runs_here = argv[1:2] in (["config"], ["status"]) or "--unlock" in argv or "results/plan.md" in argv
     return argv if runs_here or "-n" in argv else [*argv, "-n"]
 
