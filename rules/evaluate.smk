@@ -111,6 +111,8 @@ rule evaluate_schedule:
     params:
         evaluation=serving_methods.grid_settings(RESULT["evaluation"], EVALUATION_TOOLS),
         server=RESULT["server"],
+        base_model=BASE_MODEL,
+        served_flags=SERVED_FLAGS,
     script:
         "../scripts/evaluate_schedule.py"
 
@@ -218,5 +220,6 @@ rule model_card:
         train={family: family_settings(family=family) for family in FAMILIES},
         datasets=DATASET_ENTRIES,
         workloads=WORKLOADS,
+        served_flags=SERVED_FLAGS,
     script:
         "../scripts/model_card.py"

@@ -22,7 +22,8 @@ def main() -> None:
         prompts={Path(p).name.removesuffix(".stats.json"): load(p) for p in sm.input.prompts},
         train_config=sm.params.train[family], drafter_config=load(sm.input.drafter_config),
         sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None,
-        serving=load(sm.input.serving), gate=load(sm.input.gate), workloads=sm.params.workloads)
+        serving=load(sm.input.serving), gate=load(sm.input.gate), workloads=sm.params.workloads,
+        served_flags=sm.params.served_flags)
     write_text(Path(sm.output.card), card(inputs))
 
 

@@ -43,11 +43,11 @@ def results() -> dict:
     return {**out, "schedule": schedule.build(out["serving"], chosen)}
 
 
-def serving(results: dict) -> dict:
-    """serving.json as rule evaluate_schedule writes it for a dynamic schedule (its measurement left out)."""
-    plan = results["schedule"]
-    return {"schedule": plan, "described": schedule.describe(plan),
-            "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {"skipped": "not measured"}}
+def serving(results: dict, flags: list[str] | None = None) -> dict:
+    """serving.json as rule evaluate_schedule writes it for a dynamic schedule (its measurement left out), its
+    command with the measurement's engine ``flags``."""
+    record = schedule.record(results["schedule"], {"engine": "vllm"}, "b/m", flags or [])
+    return {**record, "measured": {"skipped": "not measured"}}
 
 
 GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.610 (predicted 0.640)",
@@ -60,8 +60,10 @@ GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.
 
 def finished_before(results: dict, serving: dict, gate: dict) -> tuple[dict, dict, dict]:
     """The same records as a project finished before their newer fields were written: no ``beaten_by``, band
-    starts or engine means in the schedule, no ``held_why`` on a run, no epoch in the gate."""
+    starts or engine means in the schedule, no ``held_why`` on a run, no epoch in the gate, no command in
+    serving.json."""
     results, serving, gate = copy.deepcopy(results), copy.deepcopy(serving), copy.deepcopy(gate)
+    serving.pop("command")
     for plan in (results["schedule"], serving["schedule"]):
         for key in ("beaten_by", "starts", "starts_from", "running"):
             plan.pop(key)

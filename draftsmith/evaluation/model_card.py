@@ -11,7 +11,6 @@ too, so the two never differ.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import yaml
@@ -19,7 +18,7 @@ import yaml
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.evaluate import held_rule_text
-from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
+from draftsmith.evaluation.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, load_changed_text, serving_by_workload, tool_use
 from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
 from draftsmith.generation.generate import GenerationSettings
@@ -50,6 +49,7 @@ class CardInputs:
     serving: dict | None = None  # serving.json: the schedule, its config and its measurement
     gate: dict | None = None  # the published family's export gate: served against predicted by position
     workloads: dict[str, str] = field(default_factory=dict)  # each evaluation set's workload (its label)
+    served_flags: list[str] = field(default_factory=list)  # every measurement's engine flags (methods.served_flags)
 
     @property
     def family(self) -> str:
@@ -71,10 +71,8 @@ def plan_of(inputs: CardInputs) -> dict | None:
     return (inputs.serving or {}).get("schedule") or inputs.results.get("schedule")
 
 
-def _vllm(base_model: str, config: dict | None) -> str:
-    if config is None:
-        return f"vllm serve {base_model}"
-    return f"vllm serve {base_model} --speculative-config '{json.dumps(config)}'"
+def _vllm(inputs: CardInputs, config: dict | None) -> str:
+    return served_command(inputs.base_model, config, inputs.served_flags)
 
 
 def _figures(cell: dict) -> str:
@@ -109,7 +107,8 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
     device = "a GPU" if results.get("on_accelerator") else "a CPU"
     lines = ["## What to serve", "",
              f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
-             "band the setting measured best comes first."]
+             "band the setting measured best comes first. Run the commands from inside this folder; each carries "
+             "the engine flags the measurement ran with."]
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
         best, ours = _served_first(entry, family, bool(results.get("on_accelerator")))
@@ -176,10 +175,10 @@ def _command(inputs: CardInputs, cell: dict) -> list[str]:
     if cell["method"] == PLAIN:
         config = None
     elif cell["trained"]:
-        config = speculative_config(cell["method"], cell["k"], {}, "<this folder>")
+        config = speculative_config(cell["method"], cell["k"], {}, DRAFTER_HERE)
     else:
         config = speculative_config(cell["method"], cell["k"], inputs.results)
-    return ["```bash", _vllm(inputs.base_model, config), "```"]
+    return ["```bash", _vllm(inputs, config), "```"]
 
 
 def _band_notes(entry: dict) -> list[str]:
@@ -239,7 +238,7 @@ def serving(inputs: CardInputs) -> list[str]:
                 lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
                           f"python -m sglang.launch_server --model-path {inputs.base_model} "
                           "--speculative-algorithm EAGLE3 \\",
-                          f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
+                          f"  --speculative-draft-model-path {DRAFTER_HERE}/sglang --speculative-num-steps {k} \\",
                           f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
         lines += _training_free_ahead(inputs, entry, ours, figure)
     if inputs.sglang_reason is not None:
@@ -301,9 +300,10 @@ def schedule(inputs: CardInputs) -> list[str]:
     plan, config = served["schedule"], served["speculative_config"]
     single = beaten_by(plan, inputs.results.get("serving", []))
     lead = [one_config_text(plan, inputs.results.get("serving", [])), ""] + ([] if single is None else [
-        "```bash", _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```",
+        "```bash", _vllm(inputs, speculative_config(single["method"], single["k"], inputs.results)), "```",
         "", "This drafter's own config for every batch size, if you serve it:", ""])
-    command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
+    # serving.json's own command (schedules from before it held one: built the same way, from its config)
+    command = ["```bash", served.get("command") or _vllm(inputs, config), "```"]
     if plan["kind"] == "plain":
         said = ["The target alone was fastest at every measured concurrency"
                 + (" that held" if plan.get("not_held") else "") + ": serve without speculation."
