@@ -192,7 +192,9 @@ rule report:
 
 
 rule model_card:
-    """results/drafter/README.md: the hub's model card, every figure from this run's files."""
+    """results/drafter/README.md: the hub's model card, every figure from this run's files; beside it what
+    reproducing the drafter needs: the effective config (secret values redacted) and the versions of vLLM,
+    speculators, torch and transformers."""
     input:
         results="results/evaluation/results.json",
         trainings=expand("results/train/{family}/training.json", family=FAMILIES),
@@ -208,6 +210,8 @@ rule model_card:
             caption="../report/model_card.rst",
             category="Drafter",
         ),
+        config="results/drafter/draftsmith.yaml",
+        versions="results/drafter/versions.json",
     log:
         "logs/model_card.log",
     threads: 1

@@ -1,9 +1,11 @@
 import json
 from pathlib import Path
 
-from draftsmith.core.atomic import write_text
+from draftsmith.config.load import shareable_yaml
+from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation.model_card import CardInputs, card
 from draftsmith.ops.runner import run
+from draftsmith.ops.stack import versions
 
 
 def load(path):
@@ -25,6 +27,8 @@ def main() -> None:
         serving=load(sm.input.serving), gate=load(sm.input.gate), workloads=sm.params.workloads,
         served_flags=sm.params.served_flags)
     write_text(Path(sm.output.card), card(inputs))
+    write_text(Path(sm.output.config), shareable_yaml(sm.config))
+    write_json(sm.output.versions, versions())
 
 
 if __name__ == "__main__":

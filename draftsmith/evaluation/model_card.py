@@ -596,6 +596,8 @@ def card(inputs: CardInputs) -> str:
              *_section(pick(inputs.results)),
              *training_data(inputs), "",
              *recipe(inputs), "",
-             "## Reproduce", "", "```bash", "./run.sh --configfile <the config this run used>",
-             "```", "", "The same config digest means the same data, split and recipe.", ""]
+             "## Reproduce", "", "```bash", "./run.sh --configfile draftsmith.yaml", "```", "",
+             "`draftsmith.yaml` is the effective config this drafter was made with, its secret values redacted; "
+             "`versions.json` names the vLLM, speculators, torch and transformers it ran with. The same config "
+             "digest means the same data, split and recipe.", ""]
     return "\n".join(lines)
