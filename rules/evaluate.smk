@@ -202,6 +202,7 @@ rule model_card:
         prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
         sglang="results/drafter/sglang",
         drafter_config="results/drafter/config.json",
+        weights="results/drafter/final.safetensors",
         serving="results/drafter/serving.json",
         gate="results/drafter/gate.json",
     output:

@@ -6,6 +6,7 @@ from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation.model_card import CardInputs, card
 from draftsmith.ops.runner import run
 from draftsmith.ops.stack import versions
+from draftsmith.training.export import drafter_size
 
 
 def load(path):
@@ -25,7 +26,7 @@ def main() -> None:
         train_config=sm.params.train[family], drafter_config=load(sm.input.drafter_config),
         sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None,
         serving=load(sm.input.serving), gate=load(sm.input.gate), workloads=sm.params.workloads,
-        served_flags=sm.params.served_flags)
+        size=drafter_size(Path(sm.input.weights)), served_flags=sm.params.served_flags)
     write_text(Path(sm.output.card), card(inputs))
     write_text(Path(sm.output.config), shareable_yaml(sm.config))
     write_json(sm.output.versions, versions())
