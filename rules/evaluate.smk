@@ -111,8 +111,6 @@ rule evaluate_schedule:
     params:
         evaluation=serving_methods.grid_settings(RESULT["evaluation"], EVALUATION_TOOLS),
         server=RESULT["server"],
-        base_model=BASE_MODEL,
-        served_flags=SERVED_FLAGS,
     script:
         "../scripts/evaluate_schedule.py"
 

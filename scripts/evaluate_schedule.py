@@ -13,6 +13,7 @@ from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.ops.runner import base_dir, run, target_of
 
 log = logging.getLogger("draftsmith.evaluation.schedule")
+DRAFTER_HERE = "."  # the config is read from inside the drafter's folder: `cd results/drafter && vllm serve ...`
 
 
 def main() -> None:
@@ -20,7 +21,9 @@ def main() -> None:
     cfg, server_cfg, tgt = sm.params.evaluation, sm.config["server"], target_of(sm)
     plan = results["schedule"]
     # vLLM's schedule from another engine's cells was never measured: none is given (the card says so)
-    record = schedule.record(plan, cfg, sm.params.base_model, sm.params.served_flags)
+    record = {"schedule": plan, "described": schedule.describe(plan),
+              "speculative_config": schedule.speculative_config(plan, DRAFTER_HERE, cfg)
+              if cfg["engine"] == "vllm" else None}
     if plan["kind"] != "dynamic" or cfg["engine"] != "vllm":
         why = {"plain": "no band drafts: serve without speculation",
                "fixed": "one draft length at every measured concurrency: the grid's own cells measured it"}

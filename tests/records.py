@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from draftsmith.evaluation import pick, schedule
+from draftsmith.evaluation import methods, pick, schedule
 from tests import grid
 
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -43,11 +43,12 @@ def results() -> dict:
     return {**out, "schedule": schedule.build(out["serving"], chosen)}
 
 
-def serving(results: dict, flags: list[str] | None = None) -> dict:
-    """serving.json as rule evaluate_schedule writes it for a dynamic schedule (its measurement left out), its
-    command with the measurement's engine ``flags``."""
-    record = schedule.record(results["schedule"], {"engine": "vllm"}, "b/m", flags or [])
-    return {**record, "measured": {"skipped": "not measured"}}
+def serving(results: dict) -> dict:
+    """serving.json as scripts/evaluate_schedule.py writes it for a dynamic schedule (its measurement left out)."""
+    plan = results["schedule"]
+    return {"schedule": plan, "described": schedule.describe(plan),
+            "speculative_config": schedule.speculative_config(plan, methods.DRAFTER_HERE, {"engine": "vllm"}),
+            "measured": {"skipped": "not measured"}}
 
 
 GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.610 (predicted 0.640)",
@@ -60,10 +61,8 @@ GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.
 
 def finished_before(results: dict, serving: dict, gate: dict) -> tuple[dict, dict, dict]:
     """The same records as a project finished before their newer fields were written: no ``beaten_by``, band
-    starts or engine means in the schedule, no ``held_why`` on a run, no epoch in the gate, no command in
-    serving.json."""
+    starts or engine means in the schedule, no ``held_why`` on a run, no epoch in the gate."""
     results, serving, gate = copy.deepcopy(results), copy.deepcopy(serving), copy.deepcopy(gate)
-    serving.pop("command")
     for plan in (results["schedule"], serving["schedule"]):
         for key in ("beaten_by", "starts", "starts_from", "running"):
             plan.pop(key)

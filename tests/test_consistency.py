@@ -167,17 +167,19 @@ def carries(args: list[str], flags: list[str]) -> bool:
 def test_every_command_the_card_and_serving_json_give_serves_as_measured():
     flags = methods.served_flags(GPU_SERVER, trust_remote_code=True, tools={"tool_call_parser": "hermes"})
     results = records.results()
-    served = records.serving(results, flags)
+    served = records.serving(results)
     text = card(card_inputs(results, serving=served, gate=records.GATE, training=CHOSEN, served_flags=flags))
     given = commands(text)
-    assert len(given) >= 3 and shlex.split(served["command"]) in given
+    configs = [json.loads(args[args.index("--speculative-config") + 1]) for args in given
+               if "--speculative-config" in args]
+    assert len(given) >= 3 and served["speculative_config"] in configs  # serving.json's config, served as measured
     drafter = served["speculative_config"]["model"]
     for args in given:
         assert args[:3] == ["vllm", "serve", "b/m"] and all(carries(args, flags) for flags in GPU_FLAGS), args
         if "--speculative-config" in args:
             config = json.loads(args[args.index("--speculative-config") + 1])
             assert config.get("model", drafter) == drafter  # the drafter's path is serving.json's
-    # a finished project's serving.json, without a command, gives the same command built from its config
+    # a finished project's records give the same commands
     old = card(card_inputs(results, serving=records.finished_before(results, served, records.GATE)[1],
                            gate=records.GATE, training=CHOSEN, served_flags=flags))
     assert commands(old) == given
@@ -188,6 +190,6 @@ def test_a_cpu_projects_commands_carry_none_of_the_flags_its_machine_added():
     assert "--enforce-eager" in cpu.command(8000) and cpu.served_flags() == ["--max-model-len", "2048"]
     flags = methods.served_flags({"max_model_len": 2048, "extra_args": []}, trust_remote_code=False)
     results = records.results()
-    text = card(card_inputs(results, serving=records.serving(results, flags), served_flags=flags))
+    text = card(card_inputs(results, serving=records.serving(results), served_flags=flags))
     for args in commands(text):
         assert args[3:] == ["--max-model-len", "2048"] or args[5:] == ["--max-model-len", "2048"], args

@@ -34,8 +34,9 @@ SUFFIX_PACKAGE = "arctic_inference"
 SUFFIX_PIN = "arctic-inference==0.3.0"
 
 
-# The drafter's folder as every served command names it (``serving.json``'s config and the card's commands alike):
-# the commands run from inside it.
+# The drafter's folder as every served command names it (the card's commands; serving.json's config, written by
+# scripts/evaluate_schedule.py with the same "." of its own, kept there so that no finished project measures its
+# schedule again): the commands run from inside it.
 DRAFTER_HERE = "."
 
 

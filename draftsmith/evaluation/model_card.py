@@ -305,8 +305,8 @@ def schedule(inputs: CardInputs) -> list[str]:
     lead = [one_config_text(plan, inputs.results.get("serving", [])), ""] + ([] if single is None else [
         "```bash", _vllm(inputs, speculative_config(single["method"], single["k"], inputs.results)), "```",
         "", "This drafter's own config for every batch size, if you serve it:", ""])
-    # serving.json's own command (schedules from before it held one: built the same way, from its config)
-    command = ["```bash", served.get("command") or _vllm(inputs, config), "```"]
+    # serving.json's config served with the measurement's engine flags
+    command = ["```bash", _vllm(inputs, config), "```"]
     if plan["kind"] == "plain":
         said = ["The target alone was fastest at every measured concurrency"
                 + (" that held" if plan.get("not_held") else "") + ": serve without speculation."

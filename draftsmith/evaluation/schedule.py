@@ -218,17 +218,6 @@ def speculative_config(schedule: dict, drafter: str, evaluation: dict) -> dict |
     return config
 
 
-def record(schedule: dict, evaluation: dict, base_model: str, flags: list[str]) -> dict:
-    """``serving.json`` before its measurement: the schedule, in words, as vLLM's config with the drafter's folder as
-    the card names it (:data:`~draftsmith.evaluation.methods.DRAFTER_HERE`), and as the command the card gives
-    (:func:`~draftsmith.evaluation.methods.served_command`, with the measurement's engine ``flags``). None of
-    either where the evaluation engine is not vLLM: its schedule was never measured."""
-    vllm = evaluation["engine"] == "vllm"
-    config = speculative_config(schedule, methods.DRAFTER_HERE, evaluation) if vllm else None
-    return {"schedule": schedule, "described": describe(schedule), "speculative_config": config,
-            "command": methods.served_command(base_model, config, flags) if vllm else None}
-
-
 def describe(schedule: dict) -> str:
     """The schedule in words as ``serving.json`` and the pick's log hold it: where a training-free method beat its
     family everywhere, that first (the file then says which config won), then :func:`describe_bands`."""
