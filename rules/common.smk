@@ -281,6 +281,10 @@ def family_pretrained_input(wildcards):
 EVALUATION_TOOLS = tool_params(
     RESULT, [e["workload"] for e in RESULT["evaluation"]["prompt_sets"].values()]
 )
+# The engine flags every measurement served the target with: each command the card and serving.json give carries them.
+SERVED_FLAGS = serving_methods.served_flags(
+    RESULT["server"], TARGET.trust_remote_code, EVALUATION_TOOLS
+)
 
 
 def method_evaluation(wildcards):

@@ -190,7 +190,9 @@ rule report:
 
 
 rule model_card:
-    """results/drafter/README.md: the hub's model card, every figure from this run's files."""
+    """results/drafter/README.md: the hub's model card, every figure from this run's files; beside it what
+    reproducing the drafter needs: the effective config (secret values redacted) and the versions of vLLM,
+    speculators, torch and transformers."""
     input:
         results="results/evaluation/results.json",
         trainings=expand("results/train/{family}/training.json", family=FAMILIES),
@@ -198,6 +200,7 @@ rule model_card:
         prompts=expand("results/prompts/{dataset}.stats.json", dataset=GENERATED),
         sglang="results/drafter/sglang",
         drafter_config="results/drafter/config.json",
+        weights="results/drafter/final.safetensors",
         serving="results/drafter/serving.json",
         gate="results/drafter/gate.json",
     output:
@@ -206,6 +209,8 @@ rule model_card:
             caption="../report/model_card.rst",
             category="Drafter",
         ),
+        config="results/drafter/draftsmith.yaml",
+        versions="results/drafter/versions.json",
     log:
         "logs/model_card.log",
     threads: 1
@@ -218,5 +223,6 @@ rule model_card:
         train={family: family_settings(family=family) for family in FAMILIES},
         datasets=DATASET_ENTRIES,
         workloads=WORKLOADS,
+        served_flags=SERVED_FLAGS,
     script:
         "../scripts/model_card.py"

@@ -1,9 +1,12 @@
 import json
 from pathlib import Path
 
-from draftsmith.core.atomic import write_text
+from draftsmith.config.load import shareable_yaml
+from draftsmith.core.atomic import write_json, write_text
 from draftsmith.evaluation.model_card import CardInputs, card
 from draftsmith.ops.runner import run
+from draftsmith.ops.stack import versions
+from draftsmith.training.export import drafter_size
 
 
 def load(path):
@@ -22,8 +25,11 @@ def main() -> None:
         prompts={Path(p).name.removesuffix(".stats.json"): load(p) for p in sm.input.prompts},
         train_config=sm.params.train[family], drafter_config=load(sm.input.drafter_config),
         sglang_reason=not_exported.read_text().strip() if not_exported.exists() else None,
-        serving=load(sm.input.serving), gate=load(sm.input.gate), workloads=sm.params.workloads)
+        serving=load(sm.input.serving), gate=load(sm.input.gate), workloads=sm.params.workloads,
+        size=drafter_size(Path(sm.input.weights)), served_flags=sm.params.served_flags)
     write_text(Path(sm.output.card), card(inputs))
+    write_text(Path(sm.output.config), shareable_yaml(sm.config))
+    write_json(sm.output.versions, versions())
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from draftsmith.evaluation import pick, schedule
+from draftsmith.evaluation import methods, pick, schedule
 from tests import grid
 
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -44,10 +44,11 @@ def results() -> dict:
 
 
 def serving(results: dict) -> dict:
-    """serving.json as rule evaluate_schedule writes it for a dynamic schedule (its measurement left out)."""
+    """serving.json as scripts/evaluate_schedule.py writes it for a dynamic schedule (its measurement left out)."""
     plan = results["schedule"]
     return {"schedule": plan, "described": schedule.describe(plan),
-            "speculative_config": schedule.speculative_config(plan, ".", {}), "measured": {"skipped": "not measured"}}
+            "speculative_config": schedule.speculative_config(plan, methods.DRAFTER_HERE, {"engine": "vllm"}),
+            "measured": {"skipped": "not measured"}}
 
 
 GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.610 (predicted 0.640)",

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from draftsmith.config.load import (
+    REDACTED,
     SCHEMA,
     ConfigError,
     annotated_yaml,
@@ -13,6 +14,7 @@ from draftsmith.config.load import (
     load_layers,
     origins,
     result_view,
+    shareable_yaml,
     validate_config,
 )
 from draftsmith.config.target import Facts, resolve
@@ -111,6 +113,31 @@ def test_the_effective_config_names_each_values_origin(tmp_path):
     assert "      concurrency: 200  # default" in lines  # the demo's 32 was replaced with its dataset
     assert "  epochs: 2  # --config" in lines and f"  total_seq_len: 1024  # {DEFAULT}" in lines
     assert "everyday" not in text.split("evaluation:")[0]  # the demo's datasets are gone, not merged
+
+
+def test_the_drafters_config_reads_back_as_the_run_without_its_secrets_or_the_checkouts_path(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({
+        "server": {"env": {"HF_TOKEN": "hf_secret", "VLLM_ATTENTION_BACKEND": "FLASHINFER"}},
+        "generation_server": {"env": {"MY_API_KEY": "sk-secret"}, "headers": {"Authorization": "Bearer sk-secret",
+                                                                              "X-Key": {"env": "OPENROUTER_API_KEY"}},
+                              "api_key_env": "OPENROUTER_API_KEY"}}))
+    config = validate_config(load_layers([DEFAULT, mine], {}))
+    text = shareable_yaml(config)
+    assert "hf_secret" not in text and "sk-secret" not in text and str(REPO) not in text and str(tmp_path) not in text
+    published = tmp_path / "draftsmith.yaml"
+    published.write_text(text)
+    back = validate_config(load_layers([published], {}))
+    assert back["server"]["env"] == {"HF_TOKEN": REDACTED, "VLLM_ATTENTION_BACKEND": "FLASHINFER"}
+    assert back["generation_server"]["headers"] == {"Authorization": REDACTED, "X-Key": {"env": "OPENROUTER_API_KEY"}}
+    assert back["generation_server"]["env"] == {"MY_API_KEY": REDACTED}
+    secret = {("server", "env"), ("generation_server", "env"), ("generation_server", "headers")}
+    assert {k: v for k, v in back.items() if k not in {"server", "generation_server"}} == \
+        {k: v for k, v in config.items() if k not in {"server", "generation_server"}}
+    for section in ("server", "generation_server"):
+        assert {k: v for k, v in back[section].items() if (section, k) not in secret} == \
+            {k: v for k, v in config[section].items() if (section, k) not in secret}
+    assert config["server"]["env"]["HF_TOKEN"] == "hf_secret"  # the run's own config is left as it is
 
 
 def test_external_generation_needs_an_endpoint():

@@ -3,15 +3,18 @@ band's batch sizes, method and k, held or not, exact or estimate, the exported e
 from the function beside the code that applies it; these tests pin the wording to the code's verdicts, so a rule
 whose text changes without its code (or its code without its text) goes red here."""
 
+import json
 import re
+import shlex
 
 import pytest
 
 from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation import schedule
+from draftsmith.evaluation import methods, schedule
 from draftsmith.evaluation.methods import DISPLAY_NAME
 from draftsmith.evaluation.model_card import card
 from draftsmith.evaluation.report import Inputs, markdown
+from draftsmith.generation.server import ServerSpec
 from draftsmith.training.export import basis_text, epoch_text
 from tests import records
 from tests.test_report import GENERATION, MERGE, PROMPTS, TRAINING, VOCAB, card_inputs
@@ -143,3 +146,50 @@ def test_the_load_rule_reads_as_the_code_flags():
     edge = 40.0 * (1 + pick.LOAD_TOLERANCE)
     assert not pick.load_changes({"a": measured(40.0), "b": measured(edge - 0.01)})
     assert pick.load_changes({"a": measured(40.0), "b": measured(edge + 0.01)})
+
+
+# A GPU project's engine flags: tensor parallelism, a reasoning parser, a context, and tool sets measured with the
+# target's tool-call parser.
+GPU_SERVER = {"max_model_len": 32768, "extra_args": ["--tensor-parallel-size", "8", "--reasoning-parser", "qwen3"]}
+GPU_FLAGS = (["--tensor-parallel-size", "8"], ["--reasoning-parser", "qwen3"], ["--max-model-len", "32768"],
+             ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], ["--trust-remote-code"])
+
+
+def commands(text: str) -> list[list[str]]:
+    return [shlex.split(line) for line in text.splitlines() if line.startswith("vllm serve")]
+
+
+def carries(args: list[str], flags: list[str]) -> bool:
+    """Whether ``args`` hold ``flags`` side by side (a flag with its value)."""
+    return any(args[i:i + len(flags)] == flags for i in range(len(args)))
+
+
+def test_every_command_the_card_and_serving_json_give_serves_as_measured():
+    flags = methods.served_flags(GPU_SERVER, trust_remote_code=True, tools={"tool_call_parser": "hermes"})
+    results = records.results()
+    served = records.serving(results)
+    text = card(card_inputs(results, serving=served, gate=records.GATE, training=CHOSEN, served_flags=flags))
+    given = commands(text)
+    configs = [json.loads(args[args.index("--speculative-config") + 1]) for args in given
+               if "--speculative-config" in args]
+    assert len(given) >= 3 and served["speculative_config"] in configs  # serving.json's config, served as measured
+    drafter = served["speculative_config"]["model"]
+    for args in given:
+        assert args[:3] == ["vllm", "serve", "b/m"] and all(carries(args, flags) for flags in GPU_FLAGS), args
+        if "--speculative-config" in args:
+            config = json.loads(args[args.index("--speculative-config") + 1])
+            assert config.get("model", drafter) == drafter  # the drafter's path is serving.json's
+    # a finished project's records give the same commands
+    old = card(card_inputs(results, serving=records.finished_before(results, served, records.GATE)[1],
+                           gate=records.GATE, training=CHOSEN, served_flags=flags))
+    assert commands(old) == given
+
+
+def test_a_cpu_projects_commands_carry_none_of_the_flags_its_machine_added():
+    cpu = ServerSpec(model="m", max_model_len=2048, cpu_only=True, dtype="bfloat16")
+    assert "--enforce-eager" in cpu.command(8000) and cpu.served_flags() == ["--max-model-len", "2048"]
+    flags = methods.served_flags({"max_model_len": 2048, "extra_args": []}, trust_remote_code=False)
+    results = records.results()
+    text = card(card_inputs(results, serving=records.serving(results), served_flags=flags))
+    for args in commands(text):
+        assert args[3:] == ["--max-model-len", "2048"] or args[5:] == ["--max-model-len", "2048"], args

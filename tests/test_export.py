@@ -578,3 +578,23 @@ def test_the_gate_serves_with_per_request_counts_and_records_its_seed(drafter, t
     assert gate["samples"] == ex.MAX_GATE_SAMPLES == len(seen["requests"])
     assert [r[2]["seed"] for r in seen["requests"]] == [gate["seed"] + i for i in range(ex.MAX_GATE_SAMPLES)]
     assert gate["served_per_row"] == [{"drafts": 56, "accepted": [32, 16, 8]}]
+
+
+def test_the_card_gives_the_drafters_size_and_the_memory_its_weights_add_served(tmp_path):
+    from draftsmith.evaluation.model_card import card
+    from tests.test_report import RESULTS, card_inputs
+
+    weights = tmp_path / "final.safetensors"
+    save_file({"fc.weight": torch.zeros(4, 12, dtype=torch.bfloat16), "lm_head.weight": torch.zeros(8, 4),
+               "d2t": torch.zeros(8, dtype=torch.int64), "t2d": torch.zeros(16, dtype=torch.bool)}, str(weights))
+    size = ex.drafter_size(weights)
+    assert size == {"parameters": 48 + 32, "other_bytes": 8 * 8 + 16, "file_bytes": weights.stat().st_size}
+    # served in bfloat16, the float32 head halves; the vocabulary maps stay as stored
+    assert ex.served_weight_bytes(size, "bfloat16") == 80 * 2 + 80
+    text = card(card_inputs({**RESULTS, "compute": {"dtype": "float32", "reason": "set"}}, size=size))
+    section = text.split("## Size\n\n")[1].split("\n")[0]
+    assert section.startswith(f"80 parameters, {size['file_bytes']} B in `final.safetensors`.")
+    assert "Served in float32, as it was measured, its weights add 400 B to the target's memory" in section
+    assert "KV cache of its draft layers" in section
+    old = card(card_inputs({**RESULTS, "compute": None}, size=size)).split("## Size\n\n")[1].split("\n")[0]
+    assert "Served" not in old  # results from before the dtype was recorded: the size alone

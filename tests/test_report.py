@@ -201,7 +201,7 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
     # training-free method that beat the drafter at concurrency 8, said plainly, with its command.
     assert "### Batch sizes 1 to 7 (measured at concurrency 2)" in text
     assert "### Batch size 8 (measured at concurrency 8); above 8 unmeasured, served at its setting" in text
-    assert ("vllm serve b/m --speculative-config '{\"method\": \"dflash\", \"model\": \"<this folder>\", "
+    assert ("vllm serve b/m --speculative-config '{\"method\": \"dflash\", \"model\": \".\", "
             "\"num_speculative_tokens\": 7}'") in text
     assert "DFlash, 7 draft tokens: speed-up 1.10×, 1.600 tokens per target step" in text
     assert "**n-gram, which needs no drafter, beat this drafter here**: 1 draft token, speed-up 1.05×" in text

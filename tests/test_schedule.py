@@ -62,7 +62,7 @@ def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_serve
     text = "\n".join(card_schedule(card_inputs(results, serving=served)))
     assert ("- batch 1-15: k=3\n- batch 16-63: k=1\n- batch 64: no speculation\n"
             "- batch 65+: no speculation, unmeasured") in text
-    assert ('vllm serve b/m --speculative-config \'{"method": "eagle3", "model": "<this folder>", '
+    assert ('vllm serve b/m --speculative-config \'{"method": "eagle3", "model": ".", '
             '"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 63, 1], '
             '[64, 1024, 0]]}\'') in text
     assert "| 64 | 0.98× | 1.000 | plain serving (no speculation) k=0 | 1.00× | 1.000 |" in text

@@ -108,3 +108,11 @@ def test_gpu_counts_on_a_torch_without_cuda_are_refused_by_the_preflight_job():
     assert preflight._stack({"server": {"gpus": 0}, "train": {"gpus": 1}}) == [  # this CPU stack's torch
         "train.gpus is 1, and this Python's torch has no CUDA (the CPU stack): set up and run the GPU stack with "
         "`DRAFTSMITH_STACK=gpu ./run.sh ...` (where nvidia-smi lists a GPU, ./run.sh picks it by itself)"]
+
+
+def test_a_drafters_versions_name_the_four_packages_it_ran_with():
+    import torch
+
+    found = stack.versions()
+    assert list(found) == ["vllm", "speculators", "torch", "transformers"] and found["torch"] == torch.__version__
+    assert stack.versions(("no-such-package",)) == {"no-such-package": None}

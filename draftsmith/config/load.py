@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 import sys
 from importlib.resources import files
 from pathlib import Path
@@ -154,6 +155,32 @@ def deprecated(config: dict[str, Any]) -> list[str]:
         if sub.get("x-deprecated") and value != sub.get("default"):
             out.append(sub["x-deprecated"])
     return out
+
+
+# Where a config holds values, not names, of what the environment keeps secret: the servers' environments
+# (``server.env``, ``generation_server.env``: an HF_TOKEN, say) and the endpoint's literal headers (an
+# Authorization value; a header ``{env: NAME}`` names its variable and stays). API keys are named, never held
+# (``generation_server.api_key_env``).
+SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def shareable(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` to publish beside a drafter: every value as it is, but the secret ones (:data:`SECRET_NAME`'s
+    environment variables, literal headers) as :data:`REDACTED`."""
+    out = copy.deepcopy(config)
+    for section in ("server", "generation_server"):
+        env = out.get(section, {}).get("env") or {}
+        env.update({name: REDACTED for name in env if SECRET_NAME.search(name)})
+    headers = out.get("generation_server", {}).get("headers") or {}
+    headers.update({name: REDACTED for name, value in headers.items() if not isinstance(value, dict)})
+    return out
+
+
+def shareable_yaml(config: dict[str, Any]) -> str:
+    """:func:`shareable` as the YAML file a drafter's folder holds: ``./run.sh --configfile`` reads it back."""
+    return ("# draftsmith: the effective config this drafter was made with (./run.sh config), secret values "
+            f"{REDACTED}\n" + yaml.safe_dump(shareable(config), sort_keys=False))
 
 
 def result_view(config: dict[str, Any]) -> dict[str, Any]:

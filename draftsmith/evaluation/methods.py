@@ -17,7 +17,10 @@ One owner of which method is which, what vLLM is told to serve it, and whether i
 from __future__ import annotations
 
 import importlib.util
+import json
+import shlex
 
+from draftsmith.generation.server import ServerSpec, engine_args
 from draftsmith.training import families
 
 TRAINING_FREE = ("ngram", "suffix")
@@ -29,6 +32,31 @@ DISPLAY_NAME = {**families.DISPLAY_NAME, "ngram": "n-gram", "suffix": "suffix de
 # targets vLLM 0.26 on CUDA): leave that unset.
 SUFFIX_PACKAGE = "arctic_inference"
 SUFFIX_PIN = "arctic-inference==0.3.0"
+
+
+# The drafter's folder as every served command names it (the card's commands; serving.json's config, written by
+# scripts/evaluate_schedule.py with the same "." of its own, kept there so that no finished project measures its
+# schedule again): the commands run from inside it.
+DRAFTER_HERE = "."
+
+
+def served_flags(server: dict, trust_remote_code: bool, tools: dict | None = None) -> list[str]:
+    """The vLLM flags every measurement served the target with, as a user's ``vllm serve`` takes them
+    (:meth:`~draftsmith.generation.server.ServerSpec.served_flags`): ``server``'s context and vLLM flags, the
+    target's own code, and its tool-call parser where a prompt set was measured with tools (``tools``:
+    :func:`draftsmith.data.datasets.tool_params`; tools rendered as text reach no parser)."""
+    tools = tools or {}
+    parser = tools.get("tool_call_parser") if tools.get("tool_rendering", "template") != "text" else None
+    return ServerSpec(model="", max_model_len=server.get("max_model_len"), extra_args=engine_args(server, "vllm"),
+                      trust_remote_code=trust_remote_code, tool_call_parser=parser).served_flags()
+
+
+def served_command(model: str, config: dict | None, flags: list[str]) -> str:
+    """The one way a served setting is written as a command (the card's and ``serving.json``'s): ``vllm serve``
+    of the target ``model`` with ``config`` as its ``--speculative-config`` (None: plain serving) and the
+    measurement's engine ``flags`` (:func:`served_flags`)."""
+    spec = ["--speculative-config", json.dumps(config)] if config else []
+    return shlex.join(["vllm", "serve", model, *spec, *flags])
 
 
 # Methods whose first k drafts at a longer draft length are the drafts at k (EAGLE-3's chain, n-gram's and suffix

@@ -11,15 +11,15 @@ too, so the two never differ.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import yaml
 
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
+from draftsmith.core.units import human_bytes
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.evaluate import held_rule_text
-from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN, speculative_config
+from draftsmith.evaluation.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
 from draftsmith.evaluation.pick import FIGURES, figures, load_changed_text, serving_by_workload, tool_use
 from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
 from draftsmith.generation.generate import GenerationSettings
@@ -32,6 +32,7 @@ from draftsmith.training.export import (
     epoch_text,
     resolution_text,
     sampling_text,
+    served_weight_bytes,
 )
 
 
@@ -50,6 +51,8 @@ class CardInputs:
     serving: dict | None = None  # serving.json: the schedule, its config and its measurement
     gate: dict | None = None  # the published family's export gate: served against predicted by position
     workloads: dict[str, str] = field(default_factory=dict)  # each evaluation set's workload (its label)
+    size: dict | None = None  # final.safetensors' size (export.drafter_size)
+    served_flags: list[str] = field(default_factory=list)  # every measurement's engine flags (methods.served_flags)
 
     @property
     def family(self) -> str:
@@ -71,10 +74,8 @@ def plan_of(inputs: CardInputs) -> dict | None:
     return (inputs.serving or {}).get("schedule") or inputs.results.get("schedule")
 
 
-def _vllm(base_model: str, config: dict | None) -> str:
-    if config is None:
-        return f"vllm serve {base_model}"
-    return f"vllm serve {base_model} --speculative-config '{json.dumps(config)}'"
+def _vllm(inputs: CardInputs, config: dict | None) -> str:
+    return served_command(inputs.base_model, config, inputs.served_flags)
 
 
 def _figures(cell: dict) -> str:
@@ -109,7 +110,8 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
     device = "a GPU" if results.get("on_accelerator") else "a CPU"
     lines = ["## What to serve", "",
              f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
-             "band the setting measured best comes first."]
+             "band the setting measured best comes first. Run the commands from inside this folder; each carries "
+             "the engine flags the measurement ran with."]
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
         best, ours = _served_first(entry, family, bool(results.get("on_accelerator")))
@@ -176,10 +178,10 @@ def _command(inputs: CardInputs, cell: dict) -> list[str]:
     if cell["method"] == PLAIN:
         config = None
     elif cell["trained"]:
-        config = speculative_config(cell["method"], cell["k"], {}, "<this folder>")
+        config = speculative_config(cell["method"], cell["k"], {}, DRAFTER_HERE)
     else:
         config = speculative_config(cell["method"], cell["k"], inputs.results)
-    return ["```bash", _vllm(inputs.base_model, config), "```"]
+    return ["```bash", _vllm(inputs, config), "```"]
 
 
 def _band_notes(entry: dict) -> list[str]:
@@ -239,7 +241,7 @@ def serving(inputs: CardInputs) -> list[str]:
                 lines += ["SGLang (the `sglang/` folder, EAGLE-3 layout):", "", "```bash",
                           f"python -m sglang.launch_server --model-path {inputs.base_model} "
                           "--speculative-algorithm EAGLE3 \\",
-                          f"  --speculative-draft-model-path <this folder>/sglang --speculative-num-steps {k} \\",
+                          f"  --speculative-draft-model-path {DRAFTER_HERE}/sglang --speculative-num-steps {k} \\",
                           f"  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}", "```", ""]
         lines += _training_free_ahead(inputs, entry, ours, figure)
     if inputs.sglang_reason is not None:
@@ -301,9 +303,10 @@ def schedule(inputs: CardInputs) -> list[str]:
     plan, config = served["schedule"], served["speculative_config"]
     single = beaten_by(plan, inputs.results.get("serving", []))
     lead = [one_config_text(plan, inputs.results.get("serving", [])), ""] + ([] if single is None else [
-        "```bash", _vllm(inputs.base_model, speculative_config(single["method"], single["k"], inputs.results)), "```",
+        "```bash", _vllm(inputs, speculative_config(single["method"], single["k"], inputs.results)), "```",
         "", "This drafter's own config for every batch size, if you serve it:", ""])
-    command = ["```bash", _vllm(inputs.base_model, config and {**config, "model": "<this folder>"}), "```"]
+    # serving.json's config served with the measurement's engine flags
+    command = ["```bash", _vllm(inputs, config), "```"]
     if plan["kind"] == "plain":
         said = ["The target alone was fastest at every measured concurrency"
                 + (" that held" if plan.get("not_held") else "") + ": serve without speculation."
@@ -514,6 +517,20 @@ def results_table(results: dict) -> list[str]:
     return lines
 
 
+def size(inputs: CardInputs) -> list[str]:
+    """The drafter's size, and the memory its weights add where it is served in the dtype the target was measured
+    in (results from before that was recorded: its size alone)."""
+    if not inputs.size:
+        return []
+    dtype = (inputs.results.get("compute") or {}).get("dtype")
+    stored = (f"{inputs.size['parameters']:,} parameters, {human_bytes(inputs.size['file_bytes'])} in "
+              "`final.safetensors`.")
+    served = (f" Served in {dtype}, as it was measured, its weights add "
+              f"{human_bytes(served_weight_bytes(inputs.size, dtype))} to the target's memory; the KV cache of its "
+              "draft layers comes out of the target's.") if dtype else ""
+    return ["## Size", "", stored + served]
+
+
 def training_data(inputs: CardInputs) -> list[str]:
     lines = ["## Training data", "",
              "Answers regenerated by the target itself; prompts that match an evaluation prompt or an earlier "
@@ -588,7 +605,7 @@ def card(inputs: CardInputs) -> str:
              f"A speculative-decoding drafter trained by draftsmith with "
              f"[speculators](https://github.com/vllm-project/speculators) on answers regenerated by "
              f"`{inputs.base_model}`; the base model's license applies.", "",
-             *what_to_serve(inputs), "", *results_table(inputs.results), "",
+             *what_to_serve(inputs), "", *results_table(inputs.results), "", *_section(size(inputs)),
              *serving(inputs), "", *_section(schedule(inputs)), *_section(load_changed(inputs.results)),
              *_section(recipe_by_workload(inputs.results, inputs.workloads)),
              *_section(tool_calls(inputs.results, inputs.workloads)),
@@ -596,6 +613,8 @@ def card(inputs: CardInputs) -> str:
              *_section(pick(inputs.results)),
              *training_data(inputs), "",
              *recipe(inputs), "",
-             "## Reproduce", "", "```bash", "./run.sh --configfile <the config this run used>",
-             "```", "", "The same config digest means the same data, split and recipe.", ""]
+             "## Reproduce", "", "```bash", "./run.sh --configfile draftsmith.yaml", "```", "",
+             "`draftsmith.yaml` is the effective config this drafter was made with, its secret values redacted; "
+             "`versions.json` names the vLLM, speculators, torch and transformers it ran with. The same config "
+             "digest means the same data, split and recipe.", ""]
     return "\n".join(lines)

