@@ -48,13 +48,16 @@ def test_glaive_reads_the_functions_from_system_and_the_transcript_as_turns_call
     assert password.system is None  # the functions' instructions: the template writes its own
     assert password.tools[0]["function"]["parameters"]["required"] == ["length"]
     # the call (single-quoted arguments) answered by its FUNCTION RESPONSE, in the second user turn's stretch
-    assert password.tool_steps == [[], [[{"name": "generate_password", "content": '{"password": "aB3$fG7!kL9@"}'}]]]
+    assert password.tool_steps == [[], [[{"name": "generate_password", "arguments": {"length": 12},
+                                              "content": '{"password": "aB3$fG7!kL9@"}'}]]]
     assert plain.tools is None and plain.tool_steps is None
     assert plain.system == "You are a helpful assistant, with no access to external functions."
     assert plain.turns == ["Can you explain the difference between a list and a tuple in Python?"]
     # two functions one after another; an apostrophe inside the single-quoted arguments
     assert names(email) == ["generate_password", "send_email"]
-    assert email.tool_steps == [[[{"name": "send_email", "content": '{"status": "sent"}'}]]]
+    sent = {"name": "send_email", "arguments": {"to": "bob@example.com", "message": "I'm running late"},
+            "content": '{"status": "sent"}'}
+    assert email.tool_steps == [[[sent]]]
 
 
 def test_hermes_reads_tools_calls_and_responses_and_leaves_out_the_tool_instructions():
@@ -66,7 +69,8 @@ def test_hermes_reads_tools_calls_and_responses_and_leaves_out_the_tool_instruct
     stock["function"]["description"] = "Get the current stock price"
     assert multi.tools == [stock]  # from Python literals
     response = '{"name": "get_stock_price", "content": {"symbol": "AAPL", "price": 189.3}}'
-    assert multi.tool_steps == [[[{"name": "get_stock_price", "content": response}]], []]
+    assert multi.tool_steps == [[[{"name": "get_stock_price", "arguments": {"symbol": "AAPL"},
+                                   "content": response}]], []]
     assert names(single) == ["set_light"] and single.tool_steps == [[]]  # two calls, no results: ends at its call
     assert [r["content"] for r in parallel.tool_steps[0][0]] == [
         '{"name": "set_light", "content": "kitchen on"}', '{"name": "set_light", "content": "hall on"}']
@@ -165,7 +169,8 @@ def test_a_row_with_calls_and_no_tools_is_refused_unless_the_set_gives_them(tmp_
     given = load_prompts(path, tools=[WEATHER])
     assert not given.rejects
     assert all(p.tools == [{"type": "function", "function": WEATHER}] for p in given.prompts)
-    assert given.prompts[0].tool_steps == [[[{"name": "get_weather", "content": "sunny"}]]]
+    assert given.prompts[0].tool_steps == [[[{"name": "get_weather", "arguments": {"city": "Paris"},
+                                              "content": "sunny"}]]]
     assert given.prompts[1].tool_steps == [[]]
     own = loaded(FIXTURES / "xlam.jsonl", tools=[WEATHER])  # a row's own tools win
     assert names(own[0]) == ["live_giveaways_by_type"]
