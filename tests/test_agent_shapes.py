@@ -168,9 +168,14 @@ def test_history_dataset_keeps_a_chat_rows_answers_and_refuses_its_calls(tmp_pat
     calls = {"id": "t", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
         {"function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool", "content": "r"}],
              "tools": [{"name": "f"}]}
-    result = load_prompts(write_jsonl(tmp_path / "c.jsonl", [chat, calls]), history="dataset")
+    silent = {"id": "s", "messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": None},
+                                      {"role": "user", "content": "q2"}]}
+    result = load_prompts(write_jsonl(tmp_path / "c.jsonl", [chat, calls, silent]), history="dataset")
     assert [(p.turns, p.history) for p in result.prompts] == [(["q1", "q2"], ["a1"])]
-    assert [(r.row, r.field) for r in result.rejects] == [(2, "messages[1]")]
+    assert [(r.row, r.field, r.reason) for r in result.rejects] == [
+        (2, "messages[1]", "a call turn where the assistant turn was due: generation.history: dataset reads "
+                           "alternating user and assistant turns, from a user turn, without tool calls"),
+        (3, "messages[1].content", "missing")]
     (plain,) = loaded(tmp_path / "c.jsonl", max_samples=1)
     assert plain.history is None  # unset: answered on the model's own history, as before
 

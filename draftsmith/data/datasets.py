@@ -326,8 +326,10 @@ def _history_prompt(row: dict, fmt: str, prompt_field: str) -> Prompt:
                                    "reads alternating user and assistant turns, from a user turn, without tool calls")
         if role == "user":
             turns.append(_text({"text": text}, "text", where=where))
+        elif not isinstance(text, str):  # the context of the next turn: what the dataset's model answered
+            raise _BadField(where, "missing" if text is None else f"expected a string, got {type(text).__name__}")
         else:
-            history.append(text if isinstance(text, str) else "")
+            history.append(text)
     if not turns:
         raise _BadField(fmt, "no user message")
     return Prompt("", turns, system, history=history[: len(turns) - 1])
