@@ -451,3 +451,27 @@ def test_a_trajectory_sets_turns_must_fit_tokenize_max_length_too():
     assert context_tokens(4096, 32768, [P("chat", "q"), Traj("t", 2)], 2048) == 2048
     assert context_tokens(None, None, [Traj("t", 2)], 2048) == 2048
     assert context_tokens(None, None, [P("chat", "q")], 2048) is None
+
+
+def test_a_trajectory_turn_the_template_cannot_render_is_an_error_of_that_turn(server, tmp_path):
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+    from tests.test_generate_tools import WordTokenizer
+
+    class Refusing(WordTokenizer):
+        def apply_chat_template(self, messages, **kwargs):
+            raise ValueError("roles must alternate")
+
+    settings = GenerationSettings(concurrency=4, request_timeout_s=1.0, max_error_fraction=1.0)
+    client = make_client(server.base_url, "m", settings, None, None)
+
+    async def go():
+        try:
+            return await generate([Traj("t", 2)], client, settings, outputs(tmp_path), max_samples=None,
+                                  token_budget=None, dataset="d", context=ContextLimit(30, Renderer(Refusing())))
+        finally:
+            await client.aclose()
+
+    stats = asyncio.run(go())
+    assert stats["errors_by_class"] == {"template": 1} and not server.requests
+    assert [e["id"] for e in read(tmp_path / "errors.jsonl")] == ["t#0"]

@@ -673,7 +673,8 @@ def _journal(record: dict, journal: Journal, run: _Run, bar: tqdm) -> None:
         run.fresh.append(record)
     run.completion_tokens += tokens
     run.tokens_this_run += tokens
-    bar.update(tokens if bar.unit == "tok" else 1)
+    if bar.unit == "tok" or "trajectory" not in record:
+        bar.update(tokens if bar.unit == "tok" else 1)
     elapsed = max(time.monotonic() - run.started, 1e-6)
     bar.set_postfix(rec=run.kept, req_s=f"{run.prompts_this_run / elapsed:.2f}",
                     tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
@@ -697,12 +698,14 @@ async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSe
     for k in range(len(_turn_records(run.done, prompt)), len(prompt.turns)):
         begun = time.monotonic()
         conv = _Conversation(history_messages(prompt, k))
-        if not (context and context.leaves_no_room(conv.messages, None)):
-            try:
-                result = await ask(client, conv.messages, prompt, settings.request_body(), settings.tool_rendering)
-            except RequestFailed as failed:
-                _failed(run, turn_id(prompt.id, k), failed)
-                return
+        try:
+            fits = not (context and context.leaves_no_room(conv.messages, None))
+            result = await ask(client, conv.messages, prompt, settings.request_body(),
+                               settings.tool_rendering) if fits else None
+        except RequestFailed as failed:  # a template that cannot render the turn is that turn's error too
+            _failed(run, turn_id(prompt.id, k), failed)
+            return
+        if result is not None:
             run.cost += result.cost or 0.0
             conv.messages.append(assistant_message(result, False))
             conv.turns.append(_turn_record(result))
@@ -715,6 +718,8 @@ async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSe
         if not conv.turns:
             break
     run.kept += bool(ok)
+    if ok and bar.unit != "tok":
+        bar.update(1)  # the bar counts trajectories, as max_samples does
 
 
 def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, latency_s: float) -> dict:
