@@ -161,8 +161,12 @@ SOURCE_KEYS = (
 
 
 def source_slice(entry):
-    # tools has no default: in a job's params only where set, so a finished project reruns nothing
-    return {k: entry[k] for k in SOURCE_KEYS if k in entry}
+    # tools has no default: in a job's params only where set, so a finished project reruns nothing; nor has
+    # generation.history, which decides whether the prompts keep the dataset's answers
+    history = (entry.get("generation") or {}).get("history")
+    return {k: entry[k] for k in SOURCE_KEYS if k in entry} | (
+        {"history": history} if history else {}
+    )
 
 
 def prompts_params(wildcards):

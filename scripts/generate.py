@@ -13,6 +13,7 @@ from draftsmith.generation.generate import (
     ContextLimit,
     GenerationSettings,
     Outputs,
+    context_tokens,
     generate,
     has_work,
     journal_path,
@@ -55,7 +56,8 @@ def main() -> None:
             raise ToolTemplateError(f"datasets.{name}: {problem}")
     early = partial(early_check, tokenizer, settings=tokenize, template_kwargs=params.chat_template_kwargs, where=name)
     context = context_limit(target, sm.config["server"]["max_model_len"] if managed else None,
-                            Renderer(tokenizer, params.chat_template_kwargs), tokenize.tool_rendering)
+                            Renderer(tokenizer, params.chat_template_kwargs), tokenize.tool_rendering, prompts,
+                            tokenize.max_length)
     served = target.model if managed else (gen["served_model"] or target.model)
     serving = managed_server(generation_spec(target, sm.config["server"], gen, settings.tool_call_parser),
                              Path(sm.log.server)) \
@@ -81,15 +83,17 @@ def external_urls(gen: dict) -> list[str]:
     return urls
 
 
-def context_limit(target, max_model_len: int | None, renderer: Renderer, tool_rendering: str) -> ContextLimit | None:
+def context_limit(target, max_model_len: int | None, renderer: Renderer, tool_rendering: str, prompts,
+                  max_length: int) -> ContextLimit | None:
     """The context a request must fit: the managed server's max_model_len, else the target's own (an external
-    endpoint's shorter limit is its own: a refusal there stays an error). None when neither is known."""
+    endpoint's shorter limit is its own: a refusal there stays an error), and the row's where the request is one
+    (:func:`context_tokens`). None when none is known."""
     try:
         own = facts_without_weights(target).max_position_embeddings
     except FileNotFoundError as err:
         log.info("the target's context length is unknown (%s); prompts are not counted against it", err)
         own = None
-    tokens = min((n for n in (max_model_len, own) if n), default=None)
+    tokens = context_tokens(max_model_len, own, prompts, max_length)
     return ContextLimit(tokens, renderer, tool_rendering) if tokens else None
 
 

@@ -1,5 +1,4 @@
 import logging
-import statistics
 from pathlib import Path
 
 from draftsmith.config import target as targets
@@ -12,13 +11,6 @@ from draftsmith.ops import plan
 from draftsmith.ops.runner import base_dir, run, target_of
 
 
-def prompt_tokens(renderer, prompts, sample):
-    """Mean tokens of a prompt as the server renders it (first turn, with the chat template)."""
-    lengths = [len(renderer.ids(renderer.text([{"role": "user", "content": p.turns[0]}], True)))
-               for p in prompts[:sample]]
-    return statistics.fmean(lengths) if lengths else 0.0
-
-
 def main() -> None:
     cfg = sm.config
     tgt = target_of(sm)
@@ -29,10 +21,10 @@ def main() -> None:
     for path in map(Path, sm.input.prompts):
         name = path.name.removesuffix(".jsonl")
         prompts = read_prompts(path)
-        plans.append(plan.plan_dataset(name, cfg["datasets"][name], prompts,
-                                       prompt_tokens(renderer, prompts, cfg["plan"]["prompt_sample"]),
+        prompt_tokens, rows_per_sample = plan.row_prompts(renderer, prompts, cfg["plan"]["prompt_sample"])
+        plans.append(plan.plan_dataset(name, cfg["datasets"][name], prompts, prompt_tokens,
                                        cfg["plan"]["completion_fraction"], JOURNAL_DIR,
-                                       cfg["tokenize"]["max_length"]))
+                                       cfg["tokenize"]["max_length"], rows_per_sample))
     throughput = plan.measured_throughput(results, cfg["plan"]["throughput"], cfg["train"]["families"])
     markdown, data = plan.render(plans, facts, cfg, throughput, *plan.free_space(results, cfg["plan"]["free_tb"]))
     sets = {name: (len(prompts), sum(len(p.turns) for p in prompts))

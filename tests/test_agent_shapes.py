@@ -10,7 +10,7 @@ import pytest
 from draftsmith.config.load import validate_config
 from draftsmith.core.digest import prompt_digest
 from draftsmith.data.agent_shapes import python_type_schema
-from draftsmith.data.datasets import load_configured, load_prompts
+from draftsmith.data.datasets import Prompt, load_configured, load_prompts
 from tests.conftest import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "agent_shapes"
@@ -49,7 +49,7 @@ def test_glaive_reads_the_functions_from_system_and_the_transcript_as_turns_call
     assert password.tools[0]["function"]["parameters"]["required"] == ["length"]
     # the call (single-quoted arguments) answered by its FUNCTION RESPONSE, in the second user turn's stretch
     assert password.tool_steps == [[], [[{"name": "generate_password", "arguments": {"length": 12},
-                                         "content": '{"password": "aB3$fG7!kL9@"}'}]]]
+                                              "content": '{"password": "aB3$fG7!kL9@"}'}]]]
     assert plain.tools is None and plain.tool_steps is None
     assert plain.system == "You are a helpful assistant, with no access to external functions."
     assert plain.turns == ["Can you explain the difference between a list and a tuple in Python?"]
@@ -140,10 +140,54 @@ def test_xlam_type_names(written, schema, optional):
     assert python_type_schema(written, "t") == (schema, optional)
 
 
-def test_a_sweagent_trajectory_is_refused_naming_the_shape_never_prompt_missing():
+def test_a_sweagent_trajectory_loads_with_its_own_history():
+    """Issue 58: the trajectory was refused (prompt: missing, then by name). Its observations are the user turns,
+    its actions the dataset's answers each later turn is asked on; the last action is the model's to give."""
+    (row,) = rows("sweagent")
     for fmt in ("auto", "sweagent"):
-        with pytest.raises(ValueError, match=r"sweagent.jsonl: row 1: a SWE-agent trajectory .*not built yet"):
-            load_prompts(FIXTURES / "sweagent.jsonl", fmt=fmt)
+        (prompt,) = loaded(FIXTURES / "sweagent.jsonl", fmt=fmt, id_field="instance_id")
+        assert prompt.id == row["instance_id"] and prompt.system == row["trajectory"][0]["text"]
+        assert prompt.turns == [row["trajectory"][1]["text"], row["trajectory"][3]["text"]]
+        assert prompt.history == [row["trajectory"][2]["text"]]  # the command stays text, as written
+        assert prompt.tools is None and prompt.tool_steps is None
+
+
+def test_a_trajectory_is_refused_as_an_evaluation_set_and_where_its_turns_do_not_alternate(tmp_path):
+    with pytest.raises(ValueError, match=r"sweagent.jsonl: row 1: a trajectory \(format: sweagent\).*evaluation "
+                                         r"grid does not run trajectory sets"):
+        load_prompts(FIXTURES / "sweagent.jsonl", history="refused")
+    (row,) = rows("sweagent")
+    twice = {**row, "trajectory": [*row["trajectory"], row["trajectory"][-1]]}
+    unknown = {**row, "trajectory": [{"role": "tool", "text": "x"}]}
+    result = load_prompts(write_jsonl(tmp_path / "t.jsonl", [twice, unknown]))
+    assert [(r.field, r.reason.split(":")[0]) for r in result.rejects] == [
+        ("trajectory[5]", "a assistant turn where the user turn was due"),
+        ("trajectory[0].role", "expected one of system, user, ai")]
+
+
+def test_history_dataset_keeps_a_chat_rows_answers_and_refuses_its_calls(tmp_path):
+    chat = {"id": "c", "messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+                                    {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]}
+    calls = {"id": "t", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool", "content": "r"}],
+             "tools": [{"name": "f"}]}
+    silent = {"id": "s", "messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": None},
+                                      {"role": "user", "content": "q2"}]}
+    result = load_prompts(write_jsonl(tmp_path / "c.jsonl", [chat, calls, silent]), history="dataset")
+    assert [(p.turns, p.history) for p in result.prompts] == [(["q1", "q2"], ["a1"])]
+    assert [(r.row, r.field, r.reason) for r in result.rejects] == [
+        (2, "messages[1]", "a call turn where the assistant turn was due: generation.history: dataset reads "
+                           "alternating user and assistant turns, from a user turn, without tool calls"),
+        (3, "messages[1].content", "missing")]
+    (plain,) = loaded(tmp_path / "c.jsonl", max_samples=1)
+    assert plain.history is None  # unset: answered on the model's own history, as before
+
+
+def test_rows_without_the_datasets_answers_keep_their_digests():
+    """The digests of rows read before trajectories were (pinned): no finished journal is answered again."""
+    plain = Prompt("p", ["q1", "q2"], "sys")
+    assert plain.digest == "eed64601a91a17d2"
+    assert Prompt("p", ["q1", "q2"], "sys", history=["a1"]).digest != plain.digest
 
 
 def test_an_explicit_prompt_field_wins_over_detection(tmp_path):

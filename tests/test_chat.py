@@ -215,3 +215,26 @@ def test_a_mismatch_stops_generation_after_its_first_answers_not_its_budget(qwen
     journaled = len((tmp_path / "j.jsonl").read_text().splitlines())
     assert EARLY_CHECK_ANSWERS <= journaled < EARLY_CHECK_ANSWERS + 8  # kept for a rerun; 4 were in flight
     assert not (tmp_path / "r.jsonl").exists()
+
+
+TRAJECTORIES = [Prompt(f"t{i}", [f"Observation {i}.{k}" for k in range(3)], "You are an agent.",
+                       history=[f"Action {i}.{k}" for k in range(2)]) for i in range(3)]
+
+
+@pytest.mark.parametrize("multi_turn", ["whole", "per_turn"])
+def test_a_trajectory_turn_is_one_row_that_supervises_its_last_turn_only(qwen3_tokenizer, qwen3_dir, tmp_path,
+                                                                          multi_turn):
+    """Issue 58: the assistant turns before a trajectory's turn are the dataset's actions, not the model's: its
+    row supervises the model's answer alone, whatever tokenize.multi_turn says, and the round trip checks it."""
+    sim = SimSettings(tokenizer=qwen3_tokenizer, reasoning_log_mean=2.0, content_log_mean=2.0)
+    responses = generate_with(sim, tmp_path, TRAJECTORIES)
+    stats = tokenize(responses, qwen3_dir, tmp_path, multi_turn=multi_turn)
+    assert stats["rows"] == 9 and stats["rejected"] == 0
+    assert stats["round_trip"]["prompt_checked"] == 9 and stats["round_trip"]["prompt_mismatched"] == 0
+    table = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert [r["id"] for r in table[:3]] == ["t0#0", "t0#1", "t0#2"] and {r["prompt_id"] for r in table[:3]} == {"t0"}
+    records = {r["id"]: r for r in map(json.loads, responses.read_text().splitlines())}
+    for row in table:
+        supervised = qwen3_tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+        assert "Action" not in supervised
+        assert records[row["id"]]["messages"][-1]["content"] in supervised

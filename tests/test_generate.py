@@ -326,3 +326,152 @@ def test_requests_spread_over_several_endpoints(tmp_path):
     assert stats["records"] == 8 and len(one.requests) + len(two.requests) == 8
     assert len(one.requests) >= 2 and len(two.requests) >= 2
     assert sorted(stats["requests_by_endpoint"]) == sorted([len(one.requests), len(two.requests)])
+
+
+def Traj(pid, n, extra=""):
+    """A trajectory of ``n`` observations, the dataset's action after each but the last (issue 58)."""
+    return Prompt(pid, [f"{pid}-obs{k}{extra}" for k in range(n)], "sys",
+                  history=[f"{pid}-act{k}" for k in range(n - 1)])
+
+
+def test_a_trajectory_is_answered_turn_by_turn_on_its_own_history(server, tmp_path):
+    """Issue 58: each turn one request whose context is the dataset's conversation up to it, its answer a
+    record of its own (id {id}#{k}) whose row supervises that turn only; the budget counts trajectories."""
+    stats = run(server, [Traj("t", 3), P("chat", "q1", "q2")], tmp_path, max_samples=2)
+    sent = {body["messages"][-1]["content"]: body["messages"] for body in server.requests}
+    assert [m["content"] for m in sent["t-obs2"]] == ["sys", "t-obs0", "t-act0", "t-obs1", "t-act1", "t-obs2"]
+    assert [m["content"] for m in sent["t-obs0"]] == ["sys", "t-obs0"]
+    got = read(tmp_path / "out.jsonl")
+    assert [r["id"] for r in got] == ["t#0", "t#1", "t#2", "chat"]
+    assert all(r["supervise"] == "last" and r["trajectory"] == "t" for r in got[:3]) and "supervise" not in got[3]
+    assert got[1]["messages"][-2:] == [{"role": "user", "content": "t-obs1"},
+                                       {"role": "assistant", "content": "answer to t-obs1"}]
+    assert len(got[1]["turns"]) == 1 and got[1]["messages"][2]["content"] == "t-act0"  # the dataset's action
+    assert stats["records"] == 4 and stats["trajectories"] == 1 and stats["completion_tokens"] == 5 * 5
+
+
+def test_max_samples_and_the_budget_count_trajectories_and_every_turns_tokens(server, tmp_path):
+    stats = run(server, [Traj(f"t{i}", 3) for i in range(4)], tmp_path, max_samples=2)
+    assert stats["trajectories"] == 2 and stats["records"] == 6
+    stats = run(server, [Traj(f"b{i}", 2, " tokens=10") for i in range(4)],
+                tmp_path / "budget", token_budget=30)  # 20 tokens a trajectory: two of them, the second passes
+    assert stats["trajectories"] == 2 and stats["completion_tokens"] == 40
+
+
+def test_a_trajectory_resumes_turn_by_turn_and_resends_no_journaled_turn(server, tmp_path):
+    prompts = [Traj("t", 4), Traj("u", 2)]
+    run(server, prompts, tmp_path)
+    journal = tmp_path / "journal" / "j.jsonl"
+    lines = journal.read_text().splitlines()
+    kept = [line for line in lines if json.loads(line)["id"] not in ("t#2", "t#3")]  # a kill before those turns
+    journal.write_text("\n".join(kept) + "\n" + lines[-1][:20])  # and one line cut mid-write
+    sent_before = len(server.requests)
+    stats = run(server, prompts, tmp_path)
+    assert [body["messages"][-1]["content"] for body in server.requests[sent_before:]] == ["t-obs2", "t-obs3"]
+    assert [r["id"] for r in read(tmp_path / "out.jsonl")] == ["t#0", "t#1", "t#2", "t#3", "u#0", "u#1"]
+    assert stats["prompts_sent_this_run"] == 1
+
+
+def test_a_turn_that_would_pass_the_context_ends_its_trajectory_and_is_no_error(server, tmp_path):
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+    from tests.test_generate_tools import WordTokenizer
+
+    long = Prompt("long", ["obs0", "obs1 " + "word " * 30, "obs2"], history=["act0", "act1"])
+    settings = GenerationSettings(concurrency=4, request_timeout_s=1.0, max_error_fraction=0.0)
+    client = make_client(server.base_url, "m", settings, None, None)
+
+    async def go():
+        try:
+            return await generate([long, Traj("t", 2)], client, settings, outputs(tmp_path), max_samples=None,
+                                  token_budget=None, dataset="d", context=ContextLimit(20, Renderer(WordTokenizer())))
+        finally:
+            await client.aclose()
+
+    stats = asyncio.run(go())
+    sent = [body["messages"][-1]["content"] for body in server.requests]
+    assert [c for c in sent if c.startswith("obs")] == ["obs0"]  # obs1 not sent, nor obs2 after it
+    assert [r["id"] for r in read(tmp_path / "out.jsonl")] == ["long#0", "t#0", "t#1"]
+    journaled = {r["id"]: r["status"] for r in read(tmp_path / "journal" / "j.jsonl")}
+    assert journaled["long#1"] == "dropped_context" and "long#2" not in journaled
+    assert stats["errors"] == 0 and stats["trajectories_ended_at_context"] == 1 and stats["dropped_context"] == 1
+    assert stats["trajectories"] == 2
+
+
+TRAJECTORY_DRIVER = DRIVER.replace(
+    'prompts = [Prompt(f"p{i}", [f"q{i} delay={0.2 * (i % 5):.1f}"]) for i in range(40)]',
+    'prompts = [Prompt(f"p{i}", [f"q{i}-{k} delay=0.1" for k in range(4)], history=[f"a{i}-{k}" for k in range(3)])'
+    ' for i in range(12)]')
+
+
+def test_a_killed_trajectory_run_resumes_with_every_turn_exactly_once(server, tmp_path):
+    assert TRAJECTORY_DRIVER != DRIVER
+    proc = subprocess.Popen([sys.executable, "-c", TRAJECTORY_DRIVER, server.base_url, str(tmp_path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_journal(tmp_path / "j.jsonl", 10)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    journaled = {json.loads(line)["id"] for line in (tmp_path / "j.jsonl").read_text().splitlines()
+                 if line.endswith("}")}
+    assert 0 < len(journaled) < 48
+    sent_before = len(server.requests)
+    proc = subprocess.Popen([sys.executable, "-c", TRAJECTORY_DRIVER, server.base_url, str(tmp_path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    ids = [json.loads(line)["id"] for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert sorted(ids) == sorted(f"p{i}#{k}" for i in range(12) for k in range(4))
+    resent = {"p{}#{}".format(*body["messages"][-1]["content"].split()[0][1:].split("-"))
+              for body in server.requests[sent_before:]}
+    assert not resent & journaled and len(server.requests) - sent_before == 48 - len(journaled)
+
+
+def test_history_enters_params_and_the_journal_name_only_when_set():
+    """A project that ran before ``generation.history`` existed keeps its params, its prompts job's and its
+    journal's name (so it reruns nothing); a sweagent set runs on its history with the key unset."""
+    from draftsmith.config.load import result_view, validate_config
+    from draftsmith.data.datasets import entry_params
+
+    config = validate_config({"target": {"name": "t", "source": "t.gguf"},
+                              "datasets": {"d": {"source": "d.jsonl", "format": "sweagent"}},
+                              "evaluation": {"prompt_sets": {"e": {"source": "e.jsonl"}}}})
+    entry = result_view(config)["datasets"]["d"]
+    assert entry["generation"]["history"] is None and "history" not in entry_params(entry)["generation"]
+    settings = GenerationSettings.from_config(entry["generation"])
+    assert settings_key("t", settings) == settings_key("t", GenerationSettings())
+    chosen = {**entry["generation"], "history": "dataset"}
+    assert entry_params({**entry, "generation": chosen})["generation"]["history"] == "dataset"
+    assert settings_key("t", GenerationSettings.from_config(chosen)) != settings_key("t", settings)
+
+
+def test_a_trajectory_sets_turns_must_fit_tokenize_max_length_too():
+    from draftsmith.generation.generate import context_tokens
+
+    assert context_tokens(4096, 32768, [P("chat", "q")], 2048) == 4096  # a chat row is cut to max_length later
+    assert context_tokens(4096, 32768, [P("chat", "q"), Traj("t", 2)], 2048) == 2048
+    assert context_tokens(None, None, [Traj("t", 2)], 2048) == 2048
+    assert context_tokens(None, None, [P("chat", "q")], 2048) is None
+
+
+def test_a_trajectory_turn_the_template_cannot_render_is_an_error_of_that_turn(server, tmp_path):
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+    from tests.test_generate_tools import WordTokenizer
+
+    class Refusing(WordTokenizer):
+        def apply_chat_template(self, messages, **kwargs):
+            raise ValueError("roles must alternate")
+
+    settings = GenerationSettings(concurrency=4, request_timeout_s=1.0, max_error_fraction=1.0)
+    client = make_client(server.base_url, "m", settings, None, None)
+
+    async def go():
+        try:
+            return await generate([Traj("t", 2)], client, settings, outputs(tmp_path), max_samples=None,
+                                  token_budget=None, dataset="d", context=ContextLimit(30, Renderer(Refusing())))
+        finally:
+            await client.aclose()
+
+    stats = asyncio.run(go())
+    assert stats["errors_by_class"] == {"template": 1} and not server.requests
+    assert [e["id"] for e in read(tmp_path / "errors.jsonl")] == ["t#0"]

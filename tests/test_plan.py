@@ -166,3 +166,31 @@ def test_the_plan_says_what_the_engine_check_asks_and_what_it_found(tmp_path):
         plan.engine_check_section(config, tmp_path / "results"))
     config["server"]["engine_check"] = False
     assert "Off (`server.engine_check: false`)" in "\n".join(plan.engine_check_section(config, tmp_path / "results"))
+
+
+def test_a_trajectory_set_is_planned_a_row_per_turn_each_with_its_own_prefix(tmp_path, tokenizer):
+    """Issue 58: each turn of a trajectory is a row holding the trajectory's conversation up to it. The plan
+    counted the first turn's prompt once per trajectory: a 3-turn set's prompts, rows and bytes a third or less."""
+    from draftsmith.data.chat import Renderer
+
+    renderer = Renderer(tokenizer)
+    chat = Prompt("c", ["first question", "second"])
+    trajectory = Prompt("t", ["issue text", "observation one", "observation two"], "sys",
+                        history=["action one", "action two"])
+    first = len(renderer.ids(renderer.text([{"role": "user", "content": "first question"}], True)))
+    assert plan.row_prompts(renderer, [chat], 10) == (first, 1.0)  # a chat set's as before
+    spoken = [{"role": ["user", "assistant"][k % 2], "content": c} for k, c in enumerate(
+        ["issue text", "action one", "observation one", "action two", "observation two"])]
+    contexts = [[{"role": "system", "content": "sys"}, *spoken[:n]] for n in (1, 3, 5)]  # the dataset's, to each turn
+    prefixes = [len(renderer.ids(renderer.text(messages, True))) for messages in contexts]
+    assert plan.row_prompts(renderer, [trajectory], 10) == (pytest.approx(sum(prefixes) / 3), 3.0)
+    config = kimi_config(tmp_path)
+    entry = {**config["datasets"]["regenerated"], "token_budget": 3_000_000, "max_samples": None}
+    ds = plan.plan_dataset("agent", entry, [trajectory] * 5000, 2000, 0.5, tmp_path / "none", 10240, rows_per_sample=3)
+    assert ds.completion_per_sample == 3 * 4096 and ds.samples == pytest.approx(3_000_000 / (3 * 4096))
+    assert ds.rows == pytest.approx(3 * ds.samples)
+    assert ds.sequence_tokens == pytest.approx(ds.rows * (2000 + 4096))
+    markdown, data = plan.render([ds], KIMI, config, plan.measured_throughput(tmp_path, {}), 2.9e12, "x")
+    assert data["rows"] == pytest.approx(ds.rows)
+    assert "agent: trajectories of 3.0 turns, each turn a row holding its own prefix of ~2,000 prompt tokens: " \
+           "0.5 prompt tokens per supervised token." in markdown

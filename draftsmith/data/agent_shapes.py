@@ -14,8 +14,9 @@ here, pairing and validation of calls there, so each stays one owner's.
   instructions and is left out: the target's template (or ``tool_rendering: text``) writes its own.
 - ``xlam`` (Salesforce xLAM / APIGen): ``query``, ``tools`` (parameters as ``{name: {type: "str", ...}}``,
   not JSON schema), ``answers`` (the calls), the latter two often JSON strings.
-- ``sweagent`` (nebius/SWE-agent-trajectories): a ``trajectory`` to regenerate on its own history, which
-  is not built: refused by name (:class:`ShapeNotBuilt`).
+- ``sweagent`` (nebius/SWE-agent-trajectories): a ``trajectory`` of ``system`` / ``user`` / ``ai`` turns with
+  ``text``, the observations user turns, the actions commands in the ``ai`` text (kept as text). Regenerated on
+  its own history (:attr:`draftsmith.data.datasets.Prompt.history`): each action on the context it had.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class BadShape(ValueError):
 
 
 class ShapeNotBuilt(ValueError):
-    """A shape that is recognised but not read: the whole set is refused naming it."""
+    """A shape that is recognised but not read where it stands (a trajectory as an evaluation set): the whole set is
+    refused naming it."""
 
 
 def detect(row: dict) -> str | None:
@@ -88,9 +90,37 @@ def read(row: dict, shape: str) -> Shape:
     if shape == "xlam":
         return xlam(row)
     if shape == "sweagent":
-        raise ShapeNotBuilt("a SWE-agent trajectory (format: sweagent, a 'trajectory' of system/user/ai turns) "
-                            "is to be regenerated on its own history, which is not built yet")
+        return sweagent(row)
     raise ValueError(f"unknown shape {shape!r}")
+
+
+# ---------------------------------------------------------------- SWE-agent
+
+SWEAGENT_ROLES = {"system": "system", "user": "user", "ai": "assistant"}
+
+
+def sweagent(row: dict) -> Shape:
+    """A trajectory's turns as they stand: the system text, observations as user turns, actions as assistant text."""
+    trajectory = row.get("trajectory")
+    if not isinstance(trajectory, list) or not trajectory:
+        raise BadShape("trajectory", "expected a non-empty list of {role, text} turns")
+    system, turns = None, []
+    for k, turn in enumerate(trajectory):
+        where = f"trajectory[{k}]"
+        role = SWEAGENT_ROLES.get(turn.get("role")) if isinstance(turn, dict) else None
+        if role is None:
+            raise BadShape(f"{where}.role", f"expected one of {', '.join(SWEAGENT_ROLES)}")
+        text = turn.get("text")
+        if not isinstance(text, str):
+            raise BadShape(f"{where}.text", "missing" if text is None else f"expected a string, got "
+                                                                          f"{type(text).__name__}")
+        if role == "system" and (k or system is not None):
+            raise BadShape(where, "a system turn after the first turn")
+        if role == "system":
+            system = text
+        else:
+            turns.append(Turn(role, where, text))
+    return Shape(turns, system, None)
 
 
 # ---------------------------------------------------------------- Glaive

@@ -21,6 +21,10 @@ model wrote it (the parser read its calls, the template wrote them anew, and the
 turns on that) is tokenized ``per_turn`` under ``whole`` too, counted (:func:`rerendered_answer`): a whole
 row would hold the model's raw ids where the server saw the template's rendering.
 
+A record of a trajectory's turn (``"supervise": "last"``, answered on the dataset's history) is one row that
+supervises its last turn only, whatever the layout: the assistant turns before it are the dataset's, not the
+model's.
+
 What is supervised is what the model produced: where the server returned the answer's token ids
 (vLLM ``return_token_ids``), those ids are the turn's supervised tokens, followed by the
 template's end-of-turn marker when the model stopped on its own; the template renders only the
@@ -364,6 +368,9 @@ def _own_tokens(renderer: Renderer, messages: list[dict], i: int, turn: dict) ->
     return ids if not end or ids[-len(end):] == end else ids + end
 
 
+LAST_TURN = "last"  # a record's own layout: one row, its last assistant turn supervised (a trajectory's turn)
+
+
 def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layout: str,
                own_tokens: bool = True, results: Sequence[tuple[int, str]] = ()) -> list[Row]:
     """Token rows for one conversation (``turns``: the per-assistant-turn facts from generation).
@@ -373,7 +380,7 @@ def build_rows(renderer: Renderer, messages: list[dict], turns: list[dict], layo
     after the number of assistant turns before it; a row counts their supervised tokens (a template
     that moved one into an answer would show there)."""
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    groups = [assistant] if layout == "whole" else [[i] for i in assistant]
+    groups = [assistant] if layout == "whole" else [assistant[-1:]] if layout == LAST_TURN else [[i] for i in assistant]
     rows = []
     for group in groups:
         text = renderer.text(messages[: group[-1] + 1], False)
@@ -595,10 +602,11 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
         except TemplateError as err:
             rejects.append({"file": str(responses), "row": number, "id": rec["id"], "reason": str(err)})
             continue
-        tools.per_turn_rerendered += rows_layout != layout
+        tools.per_turn_rerendered += layout == "whole" and rows_layout == "per_turn"
         calls, kept = _call_counts(rec, settings.tool_rendering), 0
         for row in built:
-            row_id = rec["id"] if rows_layout == "whole" else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
+            one_row = rows_layout in ("whole", LAST_TURN)
+            row_id = rec["id"] if one_row else f"{rec['id']}#turn{next(iter(row.turn_tokens))}"
             ids, mask = row.input_ids[: settings.max_length], row.loss_mask[: settings.max_length]
             if not any(mask):
                 rejects.append({"file": str(responses), "row": number, "id": row_id,
@@ -609,7 +617,9 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
                 dropped[loops[0]] += 1
                 rejects.append({"file": str(responses), "row": number, "id": row_id, "reason": loops[1]})
                 continue
-            rows.append({"id": row_id, "prompt_id": rec["id"], "dataset": dataset, "input_ids": ids,
+            # a trajectory's turns share its prefixes: one prompt for the split
+            rows.append({"id": row_id, "prompt_id": rec.get("trajectory", rec["id"]), "dataset": dataset,
+                         "input_ids": ids,
                          "loss_mask": mask, "seq_len": len(ids),
                          "truncated_to_max_length": len(row.input_ids) > settings.max_length})
             tools.add(row, calls)
@@ -668,6 +678,9 @@ def _record_rows(renderer: Renderer, record: dict, layout: str, settings: Tokeni
     messages = prepare_messages(messages, settings.reasoning)
     renderer = renderer.with_tools(tools)
     turns = record.get("turns", [])
+    if record.get("supervise") == LAST_TURN:  # the facts are the last turn's: the turns before are the dataset's
+        layout = LAST_TURN
+        turns = [{}] * (sum(m["role"] == "assistant" for m in messages) - len(turns)) + turns
     results, answered = [], 0
     for m in record["messages"]:
         answered += m["role"] == "assistant"

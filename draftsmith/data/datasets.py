@@ -19,8 +19,12 @@ answers; their results, each with its call's name and arguments, are kept as :at
 for generation to pair with the model's own calls. A row with calls and no tools is refused, unless the set
 gives its tools (``datasets.<name>.tools``): generation would send none.
 
-Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``; detected under
-``auto`` where their keys leave no doubt) are read by :mod:`draftsmith.data.agent_shapes` and paired here.
+Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``, ``sweagent``; detected
+under ``auto`` where their keys leave no doubt) are read by :mod:`draftsmith.data.agent_shapes` and paired here.
+
+Trajectories regenerated on their own history (``generation.history: dataset``, the default of ``sweagent``): the
+row keeps the dataset's assistant turns (:attr:`Prompt.history`), so that each turn is answered on the context it
+had. Such a row alternates user and assistant turns and has no tool calls: its actions stay text.
 """
 
 from __future__ import annotations
@@ -72,7 +76,10 @@ def generation_tool_params(config: dict, workloads: list[str]) -> dict[str, Any]
 
 # Generation settings added since projects ran, at their unset value: left out of a job's params (and the run's
 # digest) until a project sets them, so that adding one reruns nothing.
-ADDED_GENERATION = {"unmatched_calls": None}
+ADDED_GENERATION = {"unmatched_calls": None, "history": None}
+# The shapes answered on the dataset's history whatever the set says: a trajectory's observations belong to its own
+# actions, so answering them after the model's would be a conversation that never happened.
+SHAPE_HISTORY = {"sweagent": "dataset"}
 
 
 def entry_params(entry: dict) -> dict[str, Any]:
@@ -106,6 +113,9 @@ class Prompt:
     model's calls with them by name and arguments. ``open_end``: a row with tools whose data stops after
     its last call or user turn (no result, no later answer or turn): a single-turn tool set, a prompt
     with tools, a trajectory's end; a conversation ends there at the model's calls, no cut.
+    ``history``: the dataset's assistant turns, ``history[k]`` its answer to ``turns[k]``, for a row whose turns
+    are each answered on the dataset's conversation up to them (``generation.history: dataset``): one fewer than
+    the turns, as the last turn's answer is the model's. None: each turn is answered on the model's own history.
     """
 
     id: str
@@ -114,10 +124,11 @@ class Prompt:
     tools: list[dict] | None = None
     tool_steps: list[list[list[dict]]] | None = None
     open_end: bool = False
+    history: list[str] | None = None
 
     @property
     def digest(self) -> str:
-        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps, self.open_end)
+        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps, self.open_end, self.history)
 
 
 @dataclass(frozen=True)
@@ -215,14 +226,22 @@ def _hub_snapshot(dataset_id: str) -> str | None:
 
 
 def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
-              set_tools: list[dict] | None = None) -> Prompt:
+              set_tools: list[dict] | None = None, history: str | None = None) -> Prompt:
     """The row as a :class:`Prompt` without its id; raise ``_BadField`` naming what is wrong.
-    ``set_tools``: the set's tools (``datasets.<name>.tools``), for its rows that carry none."""
+    ``set_tools``: the set's tools (``datasets.<name>.tools``), for its rows that carry none. ``history``: the
+    set's ``generation.history`` (None: the shape's default; ``refused``: a set that is not regenerated, where a
+    trajectory cannot run, refuses it with :class:`agent_shapes.ShapeNotBuilt`)."""
     if not isinstance(row, dict):
         raise _BadField("<row>", f"expected an object, got {type(row).__name__}")
     if fmt == "auto":
         fmt = _detected_format(row, prompt_field)
-    if fmt in agent_shapes.SHAPES:
+    if history == "refused" and fmt in SHAPE_HISTORY:
+        raise agent_shapes.ShapeNotBuilt(f"a trajectory (format: {fmt}) is regenerated on its own history, which "
+                                         "only a training dataset does: the evaluation grid does not run trajectory "
+                                         "sets")
+    if (history or SHAPE_HISTORY.get(fmt)) == "dataset":
+        parsed = _history_prompt(row, fmt, prompt_field)
+    elif fmt in agent_shapes.SHAPES:
         parsed = _shape_prompt(row, fmt)
     elif fmt in ("prompt", "turns"):
         if fmt == "prompt":
@@ -238,7 +257,7 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
         parsed = _chat_turns(row, fmt)
     else:
         raise ValueError(f"unknown prompt format {fmt!r}")
-    parsed = _with_set_tools(parsed, set_tools)
+    parsed = parsed if parsed.history is not None else _with_set_tools(parsed, set_tools)
     for turn in parsed.turns:
         if len(turn) > max_prompt_chars:
             raise _BadField(SHAPE_TEXT_FIELDS.get(fmt, fmt) if fmt != "prompt" else prompt_field,
@@ -247,7 +266,7 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
 
 
 # Where a shape's user text sits, for a reject that names the field
-SHAPE_TEXT_FIELDS = {"glaive": "chat", "hermes": "conversations", "xlam": "query"}
+SHAPE_TEXT_FIELDS = {"glaive": "chat", "hermes": "conversations", "xlam": "query", "sweagent": "trajectory"}
 
 
 def _detected_format(row: dict, prompt_field: str) -> str:
@@ -292,6 +311,62 @@ def _shape_prompt(row: dict, shape: str) -> Prompt:
         raise _BadField(SHAPE_TEXT_FIELDS[shape], "no user message")
     tool_steps = steps.done() if tools is not None or steps.saw_calls else None
     return Prompt("", turns, read.system, tools, tool_steps, tool_steps is not None and steps.open_end)
+
+
+def _history_prompt(row: dict, fmt: str, prompt_field: str) -> Prompt:
+    """A row whose turns are each answered on the dataset's conversation up to them: its user turns and the
+    dataset's assistant turns, alternating from a user turn. The dataset's last answer is not kept: the model
+    gives its own. Tool calls are refused (a trajectory's actions are text)."""
+    if fmt in agent_shapes.SHAPES:
+        try:
+            read = agent_shapes.read(row, fmt)
+        except agent_shapes.BadShape as bad:
+            raise _BadField(bad.field_name, bad.reason) from None
+        system, spoken = read.system, [(t.role, t.text, t.where) for t in read.turns]
+    elif fmt in ("messages", "conversations"):
+        system, spoken = _spoken(row, fmt)
+    else:
+        raise _BadField(prompt_field if fmt == "prompt" else fmt, f"generation.history: dataset needs a conversation "
+                                                                  f"with the dataset's answers; format {fmt} has none")
+    turns: list[str] = []
+    history: list[str] = []
+    for role, text, where in spoken:
+        expected = "user" if len(turns) == len(history) else "assistant"
+        if role != expected:
+            raise _BadField(where, f"a {role} turn where the {expected} turn was due: generation.history: dataset "
+                                   "reads alternating user and assistant turns, from a user turn, without tool calls")
+        if role == "user":
+            turns.append(_text({"text": text}, "text", where=where))
+        elif not isinstance(text, str):  # the context of the next turn: what the dataset's model answered
+            raise _BadField(where, "missing" if text is None else f"expected a string, got {type(text).__name__}")
+        else:
+            history.append(text)
+    if not turns:
+        raise _BadField(fmt, "no user message")
+    return Prompt("", turns, system, history=history[: len(turns) - 1])
+
+
+def _spoken(row: dict, fmt: str) -> tuple[str | None, list[tuple[str, Any, str]]]:
+    """A chat row's system text and its user and assistant turns as ``(role, text, where)``; a call or result
+    is refused (it would be a role other than these)."""
+    messages = row.get(fmt)
+    if not isinstance(messages, list) or not messages:
+        raise _BadField(fmt, "expected a non-empty list of messages")
+    role_key, text_key = ("role", "content") if fmt == "messages" else ("from", "value")
+    roles = OPENAI_ROLES if fmt == "messages" else SHAREGPT_ROLES
+    system, spoken = None, []
+    for i, msg in enumerate(messages):
+        where = f"{fmt}[{i}]"
+        role = roles.get(str(msg.get(role_key))) if isinstance(msg, dict) else None
+        if role is None:
+            raise _BadField(f"{where}.{role_key}", "expected an object with a known role")
+        if role == "system" and not spoken:
+            system = _text(msg, text_key, where=f"{where}.{text_key}")
+        elif fmt == "messages" and role == "assistant" and _openai_calls(msg, where):
+            spoken.append(("call", None, where))
+        else:
+            spoken.append((role, msg.get(text_key), f"{where}.{text_key}"))
+    return system, spoken
 
 
 def _with_set_tools(parsed: Prompt, set_tools: list[dict] | None) -> Prompt:
@@ -548,12 +623,12 @@ class _BadField(ValueError):
 
 def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id_field: str = "id",
                  max_samples: int | None = None, max_prompt_chars: int = 100_000, skip: int = 0,
-                 tools: list[dict] | None = None) -> PromptSet:
+                 tools: list[dict] | None = None, history: str | None = None) -> PromptSet:
     """Read up to ``max_samples`` valid prompts from ``path`` after its first ``skip`` rows.
 
     Bad rows become rejects; duplicate ids are rejected too (resume-by-id needs unique ids). A shape that is
-    recognised but not read (:class:`agent_shapes.ShapeNotBuilt`) refuses the whole set, naming it.
-    ``tools``: the set's tools, for rows without their own.
+    recognised but not read where it stands (:class:`agent_shapes.ShapeNotBuilt`) refuses the whole set, naming it.
+    ``tools``: the set's tools, for rows without their own. ``history``: as :func:`parse_row` reads it.
     """
     result = PromptSet()
     seen: set[str] = set()
@@ -570,7 +645,7 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
             result.rejects.append(Reject(str(path), number, "<line>", row.reason))
             continue
         try:
-            parsed = parse_row(row, fmt, prompt_field, max_prompt_chars, set_tools)
+            parsed = parse_row(row, fmt, prompt_field, max_prompt_chars, set_tools, history)
         except _BadField as bad:
             result.rejects.append(Reject(str(path), number, bad.field_name, bad.reason))
             continue
@@ -590,11 +665,14 @@ def load_configured(cfg: dict, base_dir: Path, apply_max_samples: bool = True) -
     """Load a prompt source described by a validated config entry (dataset or evaluation set).
 
     A training dataset is read whole (``apply_max_samples=False``): generation stops at
-    ``max_samples`` kept answers, so a dropped or failed prompt is replaced by the next one.
+    ``max_samples`` kept answers, so a dropped or failed prompt is replaced by the next one. An evaluation set (an
+    entry without ``generation``) refuses trajectories: the grid does not run them.
     """
+    history = (cfg["generation"] or {}).get("history") if "generation" in cfg else "refused"
     return load_prompts(resolve_source(cfg["source"], base_dir), fmt=cfg["format"], prompt_field=cfg["prompt_field"],
                         id_field=cfg["id_field"], max_samples=cfg["max_samples"] if apply_max_samples else None,
-                        max_prompt_chars=cfg["max_prompt_chars"], skip=cfg["skip"], tools=cfg.get("tools"))
+                        max_prompt_chars=cfg["max_prompt_chars"], skip=cfg["skip"], tools=cfg.get("tools"),
+                        history=history)
 
 
 def write_prompts(prompts: list[Prompt], dest: Path) -> None:
@@ -615,9 +693,11 @@ def _prompt_row(prompt: Prompt) -> dict:
         row["tool_steps"] = prompt.tool_steps
     if prompt.open_end:
         row["open_end"] = True
+    if prompt.history is not None:
+        row["history"] = prompt.history
     return row
 
 
 def read_prompts(path: Path) -> list[Prompt]:
     return [Prompt(row["id"], row["turns"], row.get("system"), row.get("tools"), row.get("tool_steps"),
-                   row.get("open_end", False)) for _, row in jsonl.read(path)]
+                   row.get("open_end", False), row.get("history")) for _, row in jsonl.read(path)]

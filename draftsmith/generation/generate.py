@@ -44,6 +44,14 @@ Semantics (documented in docs/stages.md):
   token is not sent: the conversation ends there, its earlier turns kept (``ends_at_context``), or,
   when its first request already does not fit, is journaled as ``dropped_context``. Neither is an
   error, so neither counts against ``max_error_fraction``.
+- **Trajectories on their own history.** A prompt with the dataset's answers (:attr:`Prompt.history`: a
+  SWE-agent trajectory, any set with ``generation.history: dataset``) is answered turn by turn, each turn one
+  request on the dataset's conversation up to it, and each answer its own record (id ``{id}#{k}``, marked
+  ``"supervise": "last"``: its row supervises that turn only), journaled as it finishes, so a rerun resends no
+  journaled turn. The budget counts every turn's completion; ``max_samples`` and the in-flight estimate count
+  trajectories. A turn whose prompt leaves no room for an answer (the context, and for these rows
+  ``tokenize.max_length``, which their single row must fit) is journaled as ``dropped_context`` and ends the
+  trajectory: its later turns are longer still. No error either.
 - **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
   checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
   stops the run, journal kept, with the likely cause and the setting that fixes it.
@@ -125,6 +133,7 @@ class GenerationSettings:
     tool_call_parser: str | None = None  # target.tool_call_parser, where a managed server parses the calls
     unmatched_calls: str | None = None  # a call whose arguments no result has: None is cut (tool_pairing)
     reasoning: str = "template"  # tokenize.reasoning, for a dataset with tools: what the history sent keeps
+    history: str | None = None  # generation.history: the set's rows carry the dataset's answers (Prompt.history)
 
     @classmethod
     def from_config(cls, cfg: dict, **extra) -> GenerationSettings:
@@ -257,11 +266,21 @@ class ContextLimit:
         return len(self.renderer.ids(text)) >= self.tokens
 
 
+def context_tokens(server_tokens: int | None, model_tokens: int | None, prompts: list[Prompt],
+                   max_length: int) -> int | None:
+    """The tokens a request's prompt and one answer token must fit: the server's and the model's context, and
+    ``tokenize.max_length`` where the set has trajectories, whose turns are each one row (a prompt past it would
+    leave the row no supervised token). None when none is known."""
+    row_tokens = max_length if any(p.history is not None for p in prompts) else None
+    return min((n for n in (server_tokens, model_tokens, row_tokens) if n), default=None)
+
+
 def settings_key(model_name: str, settings: GenerationSettings) -> str:
     """Names the journal: everything that changes an answer, nothing about where files live."""
     tools = settings.tool_affecting()
+    history = [{"history": settings.history}] if settings.history is not None else []  # set: rows answered otherwise
     return json_digest([RECORD_FORMAT, model_name, settings.answer_affecting(), settings.finish_reason_policy,
-                        *([tools] if tools else [])], KEY_LENGTH)
+                        *([tools] if tools else []), *history], KEY_LENGTH)
 
 
 JOURNAL_DIR = Path("results/responses/.journal")
@@ -417,7 +436,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
     _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
     stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
     _warn_parser(dataset, stats)
-    ordered = [run.done[p.id] for p in prompts if _journaled(run.done, p) and run.done[p.id]["status"] == "ok"]
+    ordered = [r for p in prompts for r in _records_of(run.done, p) if r["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)
     write_jsonl(outputs.responses, ordered)
@@ -425,18 +444,46 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
 
 
 def _journaled(done: dict[str, dict], prompt: Prompt) -> bool:
+    """Whether a prompt is finished: its record, or every turn of a trajectory (or those up to the one that did
+    not fit the context), journaled for this content."""
+    if prompt.history is not None:
+        records = _turn_records(done, prompt)
+        return len(records) == len(prompt.turns) or (bool(records) and records[-1]["status"] == "dropped_context")
     record = done.get(prompt.id)
     return record is not None and record["prompt_hash"] == prompt.digest
 
 
+def turn_id(prompt_id: str, k: int) -> str:
+    """A trajectory turn's record id."""
+    return f"{prompt_id}#{k}"
+
+
+def _turn_records(done: dict[str, dict], prompt: Prompt) -> list[dict]:
+    """A trajectory's journaled turn records, in order, up to its first turn not journaled for this content."""
+    records = []
+    for k in range(len(prompt.turns)):
+        record = done.get(turn_id(prompt.id, k))
+        if record is None or record["prompt_hash"] != prompt.digest:
+            break
+        records.append(record)
+    return records
+
+
+def _records_of(done: dict[str, dict], prompt: Prompt) -> list[dict]:
+    """A prompt's journaled records: its own, or a trajectory's turns journaled so far."""
+    if prompt.history is not None:
+        return _turn_records(done, prompt)
+    return [done[prompt.id]] if _journaled(done, prompt) else []
+
+
 def _resume(prompts: list[Prompt], journal: Journal) -> _Run:
-    """State of a run that starts from what the journal already holds (for these prompts only)."""
+    """State of a run that starts from what the journal already holds (for these prompts only): a trajectory
+    counts once finished, its turns' tokens as journaled."""
     run = _Run(done=journal.load())
     for prompt in prompts:
-        record = run.done.get(prompt.id)
-        if _journaled(run.done, prompt) and record["status"] == "ok":
-            run.kept += 1
-            run.completion_tokens += record["usage"]["completion_tokens"]
+        ok = [r for r in _records_of(run.done, prompt) if r["status"] == "ok"]
+        run.kept += bool(ok) and _journaled(run.done, prompt)
+        run.completion_tokens += sum(r["usage"]["completion_tokens"] for r in ok)
     return run
 
 
@@ -607,30 +654,86 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
                bar: tqdm, context: ContextLimit | None = None) -> None:
     run.prompts_this_run += 1
     try:
+        if prompt.history is not None:
+            await _trajectory(prompt, client, settings, journal, run, bar, context)
+            return
         begun = time.monotonic()
         try:
             conv = await _converse(prompt, client, settings, run, context)
         except RequestFailed as failed:
-            run.errors.append({"id": prompt.id, "error_class": failed.error_class, "message": failed.message,
-                               "attempts": failed.attempts})
-            log.warning("%s failed: %s", prompt.id, failed)
+            _failed(run, prompt.id, failed)
             return
         record = _record(prompt, conv, settings, round(time.monotonic() - begun, 3))
-        journal.append(record)
-        run.done[prompt.id] = record
-        if record["status"] == "ok":
-            tokens = record["usage"]["completion_tokens"]
-            if len(run.fresh) < EARLY_CHECK_ANSWERS:
-                run.fresh.append(record)
-            run.kept += 1
-            run.completion_tokens += tokens
-            run.tokens_this_run += tokens
-            bar.update(tokens if bar.unit == "tok" else 1)
-            elapsed = max(time.monotonic() - run.started, 1e-6)
-            bar.set_postfix(rec=run.kept, req_s=f"{run.prompts_this_run / elapsed:.2f}",
-                            tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
+        _journal(record, journal, run, bar)
+        run.kept += record["status"] == "ok"
     finally:
         run.in_flight -= 1
+
+
+def _failed(run: _Run, record_id: str, failed: RequestFailed) -> None:
+    run.errors.append({"id": record_id, "error_class": failed.error_class, "message": failed.message,
+                       "attempts": failed.attempts})
+    log.warning("%s failed: %s", record_id, failed)
+
+
+def _journal(record: dict, journal: Journal, run: _Run, bar: tqdm) -> None:
+    """Journal a finished record and count its tokens (the budget's unit)."""
+    journal.append(record)
+    run.done[record["id"]] = record
+    if record["status"] != "ok":
+        return
+    tokens = record["usage"]["completion_tokens"]
+    if len(run.fresh) < EARLY_CHECK_ANSWERS:
+        run.fresh.append(record)
+    run.completion_tokens += tokens
+    run.tokens_this_run += tokens
+    if bar.unit == "tok" or "trajectory" not in record:
+        bar.update(tokens if bar.unit == "tok" else 1)
+    elapsed = max(time.monotonic() - run.started, 1e-6)
+    bar.set_postfix(rec=run.kept, req_s=f"{run.prompts_this_run / elapsed:.2f}",
+                    tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
+
+
+def history_messages(prompt: Prompt, k: int) -> list[dict]:
+    """The context of a trajectory's turn ``k``: the dataset's conversation up to that user turn."""
+    messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    for j, turn in enumerate(prompt.turns[: k + 1]):
+        messages.append({"role": "user", "content": turn})
+        if j < k:
+            messages.append({"role": "assistant", "content": prompt.history[j]})
+    return messages
+
+
+async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
+                      bar: tqdm, context: ContextLimit | None) -> None:
+    """Answer a trajectory's turns not journaled yet, in order, each on the dataset's history; a turn that does
+    not fit ends it (journaled as ``dropped_context``), a failed one stops it until the next run."""
+    ok = [r for r in _turn_records(run.done, prompt) if r["status"] == "ok"]
+    for k in range(len(_turn_records(run.done, prompt)), len(prompt.turns)):
+        begun = time.monotonic()
+        conv = _Conversation(history_messages(prompt, k))
+        try:
+            fits = not (context and context.leaves_no_room(conv.messages, None))
+            result = await ask(client, conv.messages, prompt, settings.request_body(),
+                               settings.tool_rendering) if fits else None
+        except RequestFailed as failed:  # a template that cannot render the turn is that turn's error too
+            _failed(run, turn_id(prompt.id, k), failed)
+            return
+        if result is not None:
+            run.cost += result.cost or 0.0
+            conv.messages.append(assistant_message(result, False))
+            conv.turns.append(_turn_record(result))
+        record = _record(prompt, conv, settings, round(time.monotonic() - begun, 3))
+        record |= {"id": turn_id(prompt.id, k), "trajectory": prompt.id, "turn": k}
+        if conv.turns:
+            record["supervise"] = "last"
+        _journal(record, journal, run, bar)
+        ok += [record] if record["status"] == "ok" else []
+        if not conv.turns:
+            break
+    run.kept += bool(ok)
+    if ok and bar.unit != "tok":
+        bar.update(1)  # the bar counts trajectories, as max_samples does
 
 
 def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, latency_s: float) -> dict:
@@ -695,13 +798,17 @@ def _warn_parser(dataset: str, stats: dict) -> None:
 
 def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
            settings: GenerationSettings) -> dict:
-    records = [run.done[p.id] for p in prompts if _journaled(run.done, p)]
+    records = [r for p in prompts for r in _records_of(run.done, p)]
     ok = [r for r in records if r["status"] == "ok"]
+    trajectories = [p for p in prompts if p.history is not None and _records_of(run.done, p)]
+    ended_at_context = sum(_records_of(run.done, p)[-1]["status"] == "dropped_context" for p in trajectories)
     lat = sorted(r["latency_s"] for r in ok)
     return {
         "dataset": dataset,
         "prompts_available": len(prompts),
         "records": len(ok),
+        **({"trajectories": len(trajectories), "trajectories_ended_at_context": ended_at_context}
+           if trajectories else {}),
         "dropped_truncated": sum(r["status"] == "dropped_truncated" for r in records),
         "dropped_context": sum(r["status"] == "dropped_context" for r in records),
         "ends_at_context": sum("ends_at_context" in r for r in ok),

@@ -22,7 +22,7 @@ from draftsmith.core.units import TB, human_bytes
 from draftsmith.data.merge import MIN_VALIDATION_PROMPTS, validation_prompts
 from draftsmith.evaluation import methods
 from draftsmith.evaluation.evaluate import requests_for
-from draftsmith.generation.generate import journals_of
+from draftsmith.generation.generate import history_messages, journals_of
 from draftsmith.training import families, replay
 
 BYTES_PER_VALUE = 2  # bf16
@@ -39,6 +39,11 @@ class DatasetPlan:
     prior_completion_tokens: float = 0.0  # from the config alone, before anything was measured
     completion_tokens: float = 0.0
     sequence_tokens: float = 0.0
+    rows_per_sample: float = 1.0  # a trajectory's turns: a row each, each with its own prefix
+
+    @property
+    def rows(self) -> float:
+        return self.samples * self.rows_per_sample
 
 
 def bytes_per_token(hidden_size: int, slots: int = 4, storage: str = "bf16") -> int:
@@ -63,23 +68,41 @@ def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:
     return (statistics.fmean(lengths), len(lengths)) if lengths else None
 
 
+def row_prompts(renderer, prompts: list, sample: int) -> tuple[float, float]:
+    """Mean tokens of a row's prompt as the server renders it, and rows per sample, over the first ``sample``
+    prompts. A chat prompt: its first turn, one row. A trajectory: every turn's prefix (the dataset's
+    conversation up to it), a row each, so its prompt tokens are paid once per turn."""
+    lengths, rows = [], []
+    for prompt in prompts[:sample]:
+        contexts = ([history_messages(prompt, k) for k in range(len(prompt.turns))] if prompt.history is not None
+                    else [[{"role": "user", "content": prompt.turns[0]}]])
+        lengths += [len(renderer.ids(renderer.text(messages, True))) for messages in contexts]
+        rows.append(len(contexts))
+    return (statistics.fmean(lengths), statistics.fmean(rows)) if lengths else (0.0, 1.0)
+
+
 def plan_dataset(name: str, entry: dict, prompts: list, prompt_tokens: float, fraction: float, journal_dir: Path,
-                 max_length: int) -> DatasetPlan:
+                 max_length: int, rows_per_sample: float = 1.0) -> DatasetPlan:
+    """``prompt_tokens``: a row's mean prompt; ``rows_per_sample``: answers (and rows) per sample, a trajectory's
+    turns, which ``max_samples`` and the budget count as one sample (:func:`row_prompts` gives both)."""
     max_tokens = entry["generation"]["max_tokens"]
     prior = fraction * max_tokens
     measured = journal_mean(journal_dir, name)
-    per_sample, source = (measured[0], f"measured over {measured[1]} answers") if measured else \
+    per_answer, source = (measured[0], f"measured over {measured[1]} answers") if measured else \
         (prior, f"{fraction:g} x max_tokens {max_tokens}")
+    if rows_per_sample != 1:
+        source += f", x {rows_per_sample:.1f} turns"
 
     def samples_for(per: float) -> float:
         n = float(len(prompts) if entry["max_samples"] is None else min(len(prompts), entry["max_samples"]))
         return min(n, entry["token_budget"] / per) if entry["token_budget"] is not None and per else n
 
-    samples = samples_for(per_sample)
-    plan = DatasetPlan(name, len(prompts), samples, per_sample, source, prompt_tokens)
-    plan.prior_completion_tokens = samples_for(prior) * prior
-    plan.completion_tokens = samples * per_sample
-    plan.sequence_tokens = samples * min(prompt_tokens + per_sample, max_length)
+    samples = samples_for(per_answer * rows_per_sample)
+    plan = DatasetPlan(name, len(prompts), samples, per_answer * rows_per_sample, source, prompt_tokens,
+                       rows_per_sample=rows_per_sample)
+    plan.prior_completion_tokens = samples_for(prior * rows_per_sample) * prior * rows_per_sample
+    plan.completion_tokens = samples * per_answer * rows_per_sample
+    plan.sequence_tokens = plan.rows * min(prompt_tokens + per_answer, max_length)
     return plan
 
 
@@ -265,7 +288,7 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
     hs_cfg, train = config["hidden_states"], config["train"]
     completion = sum(p.completion_tokens for p in plans)
     sequence = sum(p.sequence_tokens for p in plans)
-    rows = sum(p.samples for p in plans)
+    rows = sum(p.rows for p in plans)
     storage = hs_cfg["storage"]
     layouts = {layout: hidden_state_bytes(sequence, facts, layout, rows, storage) for layout in ("shards", "per_row")}
     need = 0.0 if hs_cfg["mode"] == "online" else layouts[hs_cfg["layout"]]
@@ -282,7 +305,13 @@ def render(plans: list[DatasetPlan], facts: Facts, config: dict, throughput: Thr
     for p in plans:
         lines.append(f"| {p.name} | {p.prompts:,} | {p.samples:,.0f} | {p.completion_per_sample:,.0f} "
                      f"({p.completion_source}) | {p.completion_tokens:,.0f} | {p.sequence_tokens:,.0f} | "
-                     f"{human_bytes(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.samples, storage))} |")
+                     f"{human_bytes(hidden_state_bytes(p.sequence_tokens, facts, 'shards', p.rows, storage))} |")
+    for p in plans:
+        if p.rows_per_sample != 1 and p.completion_per_sample:
+            per_answer = p.completion_per_sample / p.rows_per_sample
+            lines.append(f"\n{p.name}: trajectories of {p.rows_per_sample:.1f} turns, each turn a row holding its own "
+                         f"prefix of ~{p.prompt_tokens_per_sample:,.0f} prompt tokens: "
+                         f"{p.prompt_tokens_per_sample / per_answer:.1f} prompt tokens per supervised token.")
     lines += ["", "| stage | work | throughput | time | GPU-hours cost |", "|---|---|---|---:|---:|"]
     stages = [("generate", completion, "completion tokens", throughput.generation_tok_s, "generation_tok_s",
                config["server"]["gpus"]),
