@@ -389,3 +389,29 @@ def test_a_single_value_where_a_list_is_now_asked_says_so(key, value, replacemen
     with pytest.raises(ConfigError, match=re.escape(f"evaluation.{key}: {value} is now a list")) as err:
         validate_config(cfg)
     assert replacement in str(err.value)
+
+
+def test_secret_engine_flags_and_url_credentials_reach_neither_the_drafters_config_nor_its_commands(tmp_path):
+    """vLLM's own flags carry secrets too (--hf-token for a gated target, --api-key for the server), and a proxy
+    or endpoint URL its credentials: the published config (draftsmith.yaml) and the card's commands
+    (methods.served_flags) hold none of them, and keep every other flag as it is."""
+    from draftsmith.evaluation import methods
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({
+        "server": {"extra_args": ["--tensor-parallel-size", "8", "--hf-token", "hf_secret1",
+                                  "--api-key=sk-secret2", "--max-num-batched-tokens", "8192"],
+                   "env": {"HTTPS_PROXY": "http://me:pw-secret3@proxy:3128"}},
+        "generation_server": {"mode": "external", "base_urls": ["https://me:pw-secret4@llm.example/v1"],
+                              "extra_args": ["--hf-token", "hf_secret5"]}}))
+    config = validate_config(load_layers([DEFAULT, mine], {}))
+    text = shareable_yaml(config)
+    for secret in ("hf_secret1", "sk-secret2", "pw-secret3", "pw-secret4", "hf_secret5"):
+        assert secret not in text
+    back = yaml.safe_load(text)
+    assert back["server"]["extra_args"] == ["--tensor-parallel-size", "8", "--hf-token", REDACTED,
+                                            f"--api-key={REDACTED}", "--max-num-batched-tokens", "8192"]
+    flags = methods.served_flags(config["server"], trust_remote_code=False)
+    assert "hf_secret1" not in flags and "--api-key=sk-secret2" not in flags
+    assert flags[flags.index("--hf-token") + 1] == REDACTED and "8192" in flags
+    assert config["server"]["extra_args"][3] == "hf_secret1"  # the run's own config is left as it is

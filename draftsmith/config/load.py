@@ -163,15 +163,51 @@ def deprecated(config: dict[str, Any]) -> list[str]:
 # (``generation_server.api_key_env``).
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|CREDENTIAL|AUTH", re.IGNORECASE)
 REDACTED = "<redacted>"
+# An engine flag whose value is a secret: vLLM's --hf-token (a gated target) and --api-key (the server's), and any
+# flag whose last word is token, key, secret, password or credential(s); never --max-num-batched-tokens's count.
+SECRET_FLAG = re.compile(r"^--?(?:[A-Za-z0-9]+[-_])*(?:token|key|secret|password|passwd|credentials?)$", re.IGNORECASE)
+# The user and password of a URL (an endpoint's, a proxy's in the environment): https://user:password@host
+URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redacted_args(args: list[str] | None) -> list[str] | None:
+    """Engine flags with the value of each :data:`SECRET_FLAG` (``--hf-token X`` or ``--api-key=X``) as
+    :data:`REDACTED`, and URLs without their credentials; the rest as they are."""
+    if args is None:
+        return None
+    out: list[str] = []
+    hide = False
+    for arg in args:
+        name, eq, _ = arg.partition("=")
+        if hide:
+            out.append(REDACTED)
+        elif name.startswith("-") and SECRET_FLAG.match(name):
+            out.append(f"{name}={REDACTED}" if eq else arg)
+        else:
+            out.append(_without_credentials(arg))
+        hide = not hide and not eq and name.startswith("-") and bool(SECRET_FLAG.match(name))
+    return out
+
+
+def _without_credentials(value: Any) -> Any:
+    return URL_CREDENTIALS.sub(f"{REDACTED}@", value) if isinstance(value, str) else value
 
 
 def shareable(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` to publish beside a drafter: every value as it is, but the secret ones (:data:`SECRET_NAME`'s
-    environment variables, literal headers) as :data:`REDACTED`."""
+    environment variables, literal headers, the values of secret engine flags, a URL's credentials) as
+    :data:`REDACTED`."""
     out = copy.deepcopy(config)
     for section in ("server", "generation_server"):
-        env = out.get(section, {}).get("env") or {}
-        env.update({name: REDACTED for name in env if SECRET_NAME.search(name)})
+        part = out.get(section) or {}
+        env = part.get("env") or {}
+        env.update({name: REDACTED if SECRET_NAME.search(name) else _without_credentials(value)
+                    for name, value in env.items()})
+        for key in ("extra_args", "sglang_args"):
+            if isinstance(part.get(key), list):
+                part[key] = redacted_args(part[key])
+        if isinstance(part.get("base_urls"), list):
+            part["base_urls"] = [_without_credentials(url) for url in part["base_urls"]]
     headers = out.get("generation_server", {}).get("headers") or {}
     headers.update({name: REDACTED for name, value in headers.items() if not isinstance(value, dict)})
     return out

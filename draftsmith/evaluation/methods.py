@@ -20,6 +20,7 @@ import importlib.util
 import json
 import shlex
 
+from draftsmith.config.load import redacted_args
 from draftsmith.generation.server import ServerSpec, engine_args
 from draftsmith.training import families
 
@@ -47,8 +48,9 @@ def served_flags(server: dict, trust_remote_code: bool, tools: dict | None = Non
     :func:`draftsmith.data.datasets.tool_params`; tools rendered as text reach no parser)."""
     tools = tools or {}
     parser = tools.get("tool_call_parser") if tools.get("tool_rendering", "template") != "text" else None
-    return ServerSpec(model="", max_model_len=server.get("max_model_len"), extra_args=engine_args(server, "vllm"),
-                      trust_remote_code=trust_remote_code, tool_call_parser=parser).served_flags()
+    return redacted_args(ServerSpec(model="", max_model_len=server.get("max_model_len"),
+                                    extra_args=engine_args(server, "vllm"), trust_remote_code=trust_remote_code,
+                                    tool_call_parser=parser).served_flags())  # published: no secret flag's value
 
 
 def served_command(model: str, config: dict | None, flags: list[str]) -> str:
