@@ -128,6 +128,7 @@ def test_the_preflight_job_itself_refuses_gpu_counts_on_a_torch_without_cuda(mon
 
     monkeypatch.setattr(devices, "machine_gpus", lambda: 8)  # a GPU node's count: only the stack is at fault
     monkeypatch.setattr(devices, "driver_version", lambda: None)
-    cfg = validate_config(load_layers([REPO / "config" / "config.yaml"], {"train": {"gpus": 1}, "server": {"engine_check": False}}))
+    cfg = validate_config(load_layers([REPO / "config" / "config.yaml"],
+                                      {"train": {"gpus": 1}, "server": {"engine_check": False}}))
     with pytest.raises(preflight.PreflightError, match=r"train\.gpus is 1, and this Python's torch has no CUDA"):
         preflight.check(cfg, resolve(cfg["target"], REPO), REPO, None)
