@@ -398,6 +398,29 @@ def test_a_turn_that_would_pass_the_context_ends_its_trajectory_and_is_no_error(
     assert stats["trajectories"] == 2
 
 
+def test_a_trajectory_turn_asks_for_no_answer_token_its_row_would_cut(server, tmp_path):
+    """A turn's row is its prefix and its answer, cut at tokenize.max_length (the trajectory's context): an answer
+    asked past it is generated, on a 1T target at 8K tokens of reasoning, and cut away. Each turn asks for at most
+    what its prefix leaves; a turn with room for max_tokens asks for max_tokens."""
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+    from tests.test_generate_tools import WordTokenizer
+
+    settings = GenerationSettings(concurrency=1, request_timeout_s=1.0, max_tokens=12)
+    client = make_client(server.base_url, "m", settings, None, None)
+
+    async def go():
+        try:
+            return await generate([Traj("t", 2)], client, settings, outputs(tmp_path), max_samples=None,
+                                  token_budget=None, dataset="d", context=ContextLimit(20, Renderer(WordTokenizer())))
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+    # "system: sys user: t-obs0 assistant:" is 5 words of 20: room for the 12 asked; the second turn's 9 leave 11
+    assert [body["max_tokens"] for body in server.requests] == [12, 11]
+
+
 TRAJECTORY_DRIVER = DRIVER.replace(
     'prompts = [Prompt(f"p{i}", [f"q{i} delay={0.2 * (i % 5):.1f}"]) for i in range(40)]',
     'prompts = [Prompt(f"p{i}", [f"q{i}-{k} delay=0.1" for k in range(4)], history=[f"a{i}-{k}" for k in range(3)])'

@@ -51,7 +51,8 @@ Semantics (documented in docs/stages.md):
   journaled turn. The budget counts every turn's completion; ``max_samples`` and the in-flight estimate count
   trajectories. A turn whose prompt leaves no room for an answer (the context, and for these rows
   ``tokenize.max_length``, which their single row must fit) is journaled as ``dropped_context`` and ends the
-  trajectory: its later turns are longer still. No error either.
+  trajectory: its later turns are longer still. No error either. A turn asks for no more answer tokens than its
+  prefix leaves there (``max_tokens`` lowered): the row would cut them away.
 - **Round trip in the first minute.** The first ``EARLY_CHECK_ANSWERS`` answers of a run are
   checked as the tokenize stage will check them (``early_check``); a mismatch above the limits
   stops the run, journal kept, with the likely cause and the setting that fixes it.
@@ -252,8 +253,12 @@ class ContextLimit:
     tool_rendering: str = "template"
 
     def leaves_no_room(self, messages: list[dict], tools: list[dict] | None) -> bool:
-        """Whether the prompt leaves no room for one answer token. A rendering of fewer bytes than the context
-        fits without tokenizing (a token spans at least a byte)."""
+        """Whether the prompt leaves no room for one answer token."""
+        return self.answer_room(messages, tools, 1) == 0
+
+    def answer_room(self, messages: list[dict], tools: list[dict] | None, want: int) -> int:
+        """The answer tokens the prompt leaves within the context, at most ``want`` (0: none). A rendering whose
+        bytes and ``want`` fit the context is not tokenized (a token spans at least a byte)."""
         if tools and self.tool_rendering == "text":
             messages, tools = text_rendering(messages, tools), None
         try:
@@ -261,9 +266,9 @@ class ContextLimit:
         except Exception as err:  # the template refuses the conversation: so would the server, an error of the row's
             raise RequestFailed("template", f"the chat template cannot render the prompt to count it against the "
                                             f"context ({type(err).__name__}: {err})", 0) from None
-        if len(text.encode()) < self.tokens:
-            return False
-        return len(self.renderer.ids(text)) >= self.tokens
+        if len(text.encode()) + want <= self.tokens:
+            return want
+        return max(0, min(want, self.tokens - len(self.renderer.ids(text))))
 
 
 def context_tokens(server_tokens: int | None, model_tokens: int | None, prompts: list[Prompt],
@@ -712,10 +717,13 @@ async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSe
     for k in range(len(_turn_records(run.done, prompt)), len(prompt.turns)):
         begun = time.monotonic()
         conv = _Conversation(history_messages(prompt, k))
+        body = settings.request_body()
         try:
-            fits = not (context and context.leaves_no_room(conv.messages, None))
-            result = await ask(client, conv.messages, prompt, settings.request_body(),
-                               settings.tool_rendering) if fits else None
+            # the turn's row is its prefix and its answer, cut at the context (for these rows tokenize.max_length):
+            # an answer past it would be generated and cut away, so none is asked for
+            room = context.answer_room(conv.messages, None, body["max_tokens"]) if context else body["max_tokens"]
+            body = body if room >= body["max_tokens"] else {**body, "max_tokens": room}
+            result = await ask(client, conv.messages, prompt, body, settings.tool_rendering) if room else None
         except RequestFailed as failed:  # a template that cannot render the turn is that turn's error too
             _failed(run, turn_id(prompt.id, k), failed)
             return
