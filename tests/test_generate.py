@@ -354,8 +354,20 @@ def test_max_samples_and_the_budget_count_trajectories_and_every_turns_tokens(se
     stats = run(server, [Traj(f"t{i}", 3) for i in range(4)], tmp_path, max_samples=2)
     assert stats["trajectories"] == 2 and stats["records"] == 6
     stats = run(server, [Traj(f"b{i}", 2, " tokens=10") for i in range(4)],
-                tmp_path / "budget", token_budget=30)  # 20 tokens a trajectory: two of them, the second passes
-    assert stats["trajectories"] == 2 and stats["completion_tokens"] == 40
+                tmp_path / "budget", token_budget=30)  # 20 tokens a trajectory: the second stops at the budget
+    assert stats["trajectories"] == 2 and stats["completion_tokens"] == 30 and stats["records"] == 3
+
+
+def test_the_budget_stops_trajectories_in_flight_at_their_next_turn(server, tmp_path):
+    """The budget stopped launching trajectories, but those in flight (up to the concurrency) ran every turn to
+    their end: at concurrency 200 and 50 turns of 8K tokens, tens of millions of tokens past the budget. A turn
+    the spent budget would not have sent is not sent; the turns answered stay rows."""
+    settings = GenerationSettings(concurrency=4, request_timeout_s=1.0, connect_timeout_s=1.0, max_tokens=10,
+                                  max_error_fraction=1.0)
+    stats = run(server, [Traj(f"b{i}", 6, " tokens=10") for i in range(3)], tmp_path, settings=settings,
+                token_budget=30)  # three launched at once (10 expected each), 60 tokens a trajectory
+    assert 30 <= stats["completion_tokens"] <= 60, stats["completion_tokens"]  # at most a turn each in flight
+    assert stats["records"] == stats["completion_tokens"] // 10
 
 
 def test_a_trajectory_resumes_turn_by_turn_and_resends_no_journaled_turn(server, tmp_path):

@@ -48,8 +48,9 @@ Semantics (documented in docs/stages.md):
   SWE-agent trajectory, any set with ``generation.history: dataset``) is answered turn by turn, each turn one
   request on the dataset's conversation up to it, and each answer its own record (id ``{id}#{k}``, marked
   ``"supervise": "last"``: its row supervises that turn only), journaled as it finishes, so a rerun resends no
-  journaled turn. The budget counts every turn's completion; ``max_samples`` and the in-flight estimate count
-  trajectories. A turn whose prompt leaves no room for an answer (the context, and for these rows
+  journaled turn. The budget counts every turn's completion, and once it is spent a trajectory in flight asks
+  no further turn (its answered turns are rows; a larger budget resumes it); ``max_samples`` and the in-flight
+  estimate count trajectories. A turn whose prompt leaves no room for an answer (the context, and for these rows
   ``tokenize.max_length``, which their single row must fit) is journaled as ``dropped_context`` and ends the
   trajectory: its later turns are longer still. No error either. A turn asks for no more answer tokens than its
   prefix leaves there (``max_tokens`` lowered): the row would cut them away.
@@ -564,7 +565,7 @@ async def _launch_all(todo: list[Prompt], client, settings: GenerationSettings, 
             if stop.is_set() or limits.reached(run):
                 break
             run.in_flight += 1
-            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar, context)))
+            tasks.add(asyncio.create_task(_one(prompt, client, settings, journal, run, bar, context, limits)))
         while tasks and not stop.is_set():
             await wait_some()
     finally:
@@ -656,11 +657,11 @@ def assistant_message(result: ChatResult, as_text: bool) -> dict:
 
 
 async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
-               bar: tqdm, context: ContextLimit | None = None) -> None:
+               bar: tqdm, context: ContextLimit | None = None, limits: Limits | None = None) -> None:
     run.prompts_this_run += 1
     try:
         if prompt.history is not None:
-            await _trajectory(prompt, client, settings, journal, run, bar, context)
+            await _trajectory(prompt, client, settings, journal, run, bar, context, limits)
             return
         begun = time.monotonic()
         try:
@@ -710,11 +711,14 @@ def history_messages(prompt: Prompt, k: int) -> list[dict]:
 
 
 async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
-                      bar: tqdm, context: ContextLimit | None) -> None:
+                      bar: tqdm, context: ContextLimit | None, limits: Limits | None = None) -> None:
     """Answer a trajectory's turns not journaled yet, in order, each on the dataset's history; a turn that does
     not fit ends it (journaled as ``dropped_context``), a failed one stops it until the next run."""
     ok = [r for r in _turn_records(run.done, prompt) if r["status"] == "ok"]
-    for k in range(len(_turn_records(run.done, prompt)), len(prompt.turns)):
+    first = len(_turn_records(run.done, prompt))
+    for k in range(first, len(prompt.turns)):
+        if k > first and limits and limits.token_budget is not None and run.completion_tokens >= limits.token_budget:
+            break  # the budget is spent: no further turn (those answered are rows; a larger budget resumes here)
         begun = time.monotonic()
         conv = _Conversation(history_messages(prompt, k))
         body = settings.request_body()
