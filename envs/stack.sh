@@ -10,7 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=${DRAFTSMITH_STACK:-}
 if [[ -z $stack ]]; then
-  if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then stack=gpu; else stack=cpu; fi
+  # read whole, never piped into grep -q: under pipefail, grep leaving at the first GPU line kills nvidia-smi
+  # (SIGPIPE) while it writes the next one, and the pipeline's status would pick the CPU stack on a GPU node
+  listed=$(nvidia-smi -L 2>/dev/null || true)
+  if grep -q '^GPU ' <<<"$listed"; then stack=gpu; else stack=cpu; fi
 fi
 case $stack in
   cpu | gpu) ;;

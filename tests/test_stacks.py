@@ -42,6 +42,19 @@ def test_the_stack_follows_the_gpus_nvidia_smi_lists(tmp_path, gpus, chosen):
     assert which(env).stdout.strip() == chosen
 
 
+def test_an_nvidia_smi_that_writes_line_by_line_still_picks_the_gpu_stack(tmp_path):
+    """nvidia-smi asks the driver GPU by GPU: piped into `grep -q` under pipefail, grep left at the first line, the
+    next write killed nvidia-smi (SIGPIPE) and the pipeline's status chose the CPU stack on an 8-GPU node."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "nvidia-smi"
+    script.write_text('#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; '
+                      'sleep 0.05; done\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items() if k != "DRAFTSMITH_STACK"}
+    assert which({**env, "PATH": f"{folder}:{env['PATH']}"}).stdout.strip() == "gpu"
+
+
 def test_draftsmith_stack_overrides_the_machine_and_refuses_other_values(tmp_path):
     env = fake_nvidia_smi(tmp_path / "bin", 8)  # a GPU node whose user wants the CPU stack, and a login node
     assert which({**env, "DRAFTSMITH_STACK": "cpu"}).stdout.strip() == "cpu"
