@@ -18,7 +18,12 @@ from draftsmith.core import (
 )  # not `platform`: the Snakefile shares Snakemake's globals
 from draftsmith.core.digest import json_digest
 from draftsmith.data.chat import tokenize_params
-from draftsmith.data.datasets import entry_params, generation_tool_params, tool_params
+from draftsmith.data.datasets import (
+    entry_params,
+    generation_tool_params,
+    prompt_rows_params,
+    tool_params,
+)
 from draftsmith.evaluation import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
@@ -172,7 +177,9 @@ def source_slice(entry):
 def prompts_params(wildcards):
     earlier = [d for d in GENERATED if d < wildcards.generated]
     return {
-        "dataset": source_slice(config["datasets"][wildcards.generated]),
+        # a tool set's rows as generation reads them back (datasets.prompt_rows_params)
+        "dataset": source_slice(config["datasets"][wildcards.generated])
+        | prompt_rows_params(config["datasets"][wildcards.generated]),
         "earlier": (
             {d: source_slice(config["datasets"][d]) for d in earlier}
             if config["decontamination"]["dedupe_across_datasets"]

@@ -21,6 +21,7 @@ from draftsmith.data.chat import (
     tool_template_problem,
 )
 from draftsmith.data.datasets import Prompt, load_prompts, read_prompts, write_prompts
+from tests.conftest import REPO
 from tests.tiny_targets import QWEN3_TOKENIZER
 
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
@@ -446,3 +447,18 @@ def test_own_ids_whose_earlier_call_the_template_re_rendered_go_per_turn_and_are
     assert '"arguments": {"city": "Paris"}' in history and '{"city":"Paris"}' not in history
     assert supervised(stable, rows["raw#turn0"]["input_ids"], rows["raw#turn0"]["loss_mask"]).startswith(
         '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris"}}')  # the model's own ids, supervised
+
+
+def test_a_finished_tool_sets_prompts_are_written_again_in_the_shape_generation_reads():
+    """Issue 57 changed a tool row's digest (arguments, open_end), but the prompts job had no reason to rerun: its
+    script, params and source were as before. Generation then read the old prompts file back and regenerated every
+    tool row from rows without arguments (results paired by name) and without open_end (single-turn sets cut at
+    their calls). A tool set's prompts params now name its rows' shape; a chat set's stay as they were."""
+    from draftsmith.data.datasets import TOOL_ROWS_FORMAT, prompt_rows_params
+
+    assert prompt_rows_params({"source": "g.jsonl", "workload": "tools"}) == {"tool_rows": TOOL_ROWS_FORMAT}
+    assert prompt_rows_params({"source": "s.jsonl", "workload": "agent"}) == {"tool_rows": TOOL_ROWS_FORMAT}
+    assert prompt_rows_params({"source": "c.jsonl", "workload": "chat"}) == {}
+    rule = (REPO / "rules" / "common.smk").read_text()
+    params = rule.split("def prompts_params(wildcards):")[1].split("\ndef ")[0]
+    assert "| prompt_rows_params(config[\"datasets\"][wildcards.generated])" in params

@@ -91,6 +91,20 @@ def entry_params(entry: dict) -> dict[str, Any]:
                                                                   else {})
 
 
+# The shape of a tool set's prompt rows (results/prompts/<set>.jsonl), which generation reads back: 2 since each
+# result carries its call's arguments and a row says whether its data ends at a call (``open_end``; issue 57). A tool
+# set's prompts job takes it as a param (:func:`prompt_rows_params`): its rows written before hold neither, and the
+# changed digests would otherwise regenerate the set from them, pairing results by name alone and cutting
+# single-turn sets at their calls, the very behaviour the new rows end.
+TOOL_ROWS_FORMAT = 2
+
+
+def prompt_rows_params(entry: dict) -> dict[str, Any]:
+    """What a dataset's prompts job adds to its params for the shape of the rows it writes: a tool or agent set's
+    :data:`TOOL_ROWS_FORMAT` (its prompts are read again once), nothing for other sets (theirs stay as they are)."""
+    return {"tool_rows": TOOL_ROWS_FORMAT} if entry.get("workload") in TOOL_WORKLOADS else {}
+
+
 def workload_problem(prompts: list[Prompt], workload: str, where: str) -> str | None:
     """A set whose rows have tools must say so (``workload: tools`` or ``agent``): the tool settings enter only
     such a set's jobs (:func:`tool_params`), so a mislabelled one would not be regenerated when they change."""
