@@ -353,6 +353,8 @@ def test_the_preflight_job_checks_the_configured_families_and_keeps_its_verdicts
 def test_the_preflights_engine_check_runs_on_gpus_leased_for_it(tmp_path, monkeypatch):
     """On a machine whose GPUs jobs lease (the local executor beside other jobs and users), the preflight's
     servers started on GPUs it had not leased: another job's, out of memory, read as the family not served."""
+    import torch
+
     from draftsmith.config.load import load_layers, validate_config
     from draftsmith.config.target import resolve
     from draftsmith.ops import devices, preflight
@@ -362,6 +364,7 @@ def test_the_preflights_engine_check_runs_on_gpus_leased_for_it(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     monkeypatch.setattr(devices, "LEASES", tmp_path / "leases")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # the GPU stack's torch, which the preflight asks for
     cfg = validate_config(load_layers([DEFAULT], {"server": {"gpus": 2}, "train": {"gpus": 2}}))
     seen = []
     with devices.lease(1, ["0", "1", "2", "3"], tmp_path / "leases") as theirs:  # another job holds one
