@@ -6,7 +6,9 @@ files and its pure-Python API classes are used. Its function docs are not JSON s
 ``float``, ``tuple``, ``any``) and their names hold dots, which OpenAI tool names forbid; both are
 mapped here. Multi-turn rows carry no tool results: their ground-truth calls are executed with the
 wheel's own API classes (the file system, trading bot...) so that the conversation holds real results,
-as an agent loop would see them.
+as an agent loop would see them. They also carry their environment (``bfcl.environment``: the classes, their
+initial config, the tool-name map, long_context and the ground-truth calls), with which generation sets up the
+row's own instances (:class:`Instances`) and runs the target's own calls on them, as BFCL's harness does.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import importlib
 import inspect
 import json
 import re
+import uuid
 from collections.abc import Iterator
 from importlib.resources.abc import Traversable
 from typing import Any
+
+from draftsmith.data.tool_calls import call_arguments
 
 SINGLE_TURN = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple",
                "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance", "live_relevance")
@@ -115,7 +120,12 @@ def rows(category: str) -> Iterator[dict]:
         except Exception as err:  # any failure of the wheel's classes (an import, a call): keep the user turns
             messages = [msg for turn in row["question"] for msg in turn]
             note = f"ground truth not executed ({type(err).__name__}: {err}); user turns only"
-        yield _row(row["id"], category, messages, tools, names, note is None, note)
+        out = _row(row["id"], category, messages, tools, names, note is None, note)
+        out["bfcl"]["environment"] = {"classes": row["involved_classes"],
+                                      "initial_config": row.get("initial_config", {}),
+                                      "tool_names": out["bfcl"]["tool_names"], "long_context": long_context,
+                                      "ground_truth": answers.get(row["id"])}
+        yield out
 
 
 def _row(row_id: str, category: str, messages: list[dict], tools: list[dict], names: dict[str, str],
@@ -123,6 +133,100 @@ def _row(row_id: str, category: str, messages: list[dict], tools: list[dict], na
     return {"id": row_id, "messages": messages, "tools": tools,
             "bfcl": {"category": category, "tool_names": {k: v for k, v in names.items() if k != v},
                      "executed": executed, "note": note}}
+
+
+def environment_of(row: Any) -> dict | None:
+    """A multi-turn row's environment (what :class:`Instances` sets up); None for any other row."""
+    return row.get("bfcl", {}).get("environment") if isinstance(row, dict) and isinstance(row.get("bfcl"), dict) \
+        else None
+
+
+def expected_calls(environment: dict) -> int:
+    """The ground-truth calls of a row: what the target's own calls are counted against."""
+    return sum(len(turn) for turn in environment.get("ground_truth") or [])
+
+
+def step_limit() -> int:
+    """BFCL's own limit on a user turn's steps (its harness quits the entry past it)."""
+    from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
+
+    return MAXIMUM_STEP_LIMIT
+
+
+class SetupFailed(RuntimeError):
+    """The row's instances could not be set up (an import of the wheel's classes, a scenario it cannot load)."""
+
+
+EXECUTION_ERROR = "Error during execution: "  # the prefix of BFCL's harness for a call that raised
+
+
+class Instances:
+    """A row's own fresh instances of BFCL's classes, set up once with its initial config, their state carried
+    across the row's turns. Each call runs through BFCL's own harness (``multi_turn_utils.
+    execute_multi_turn_func_call``, the call written as its handlers write it), so its result and its error
+    text are BFCL's. Only a public method of the row's classes reaches the harness, which ``eval``-s the call: any
+    other name gets the text BFCL gives a name it does not know, never a builtin's run. The harness keeps the
+    instances in its module's globals under a name of their own; :meth:`close` removes them."""
+
+    def __init__(self, environment: dict):
+        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+        self._utils = multi_turn_utils
+        self._model = f"draftsmith_{uuid.uuid4().hex}"
+        self._environment = environment
+        try:
+            _, instances = self._harness([])
+        except Exception as err:  # any failure of the wheel's classes: the row is named, never silent
+            self.close()
+            raise SetupFailed(f"{', '.join(environment['classes'])}: {type(err).__name__}: {err}") from None
+        self._methods = {name: method for instance in instances.values()
+                         for name, method in inspect.getmembers(instance, inspect.ismethod)
+                         if not name.startswith("_")}  # a later class's method shadows an earlier one's, as there
+
+    def _harness(self, calls: list[str]) -> tuple[list[str], dict]:
+        env = self._environment
+        return self._utils.execute_multi_turn_func_call(calls, env["initial_config"], env["classes"], self._model,
+                                                        "row", long_context=env.get("long_context", False))
+
+    def run(self, call: dict) -> tuple[str, str | None]:
+        """One of the target's calls (OpenAI shape) run: its result text, and why it is an error (None: none).
+        ``unknown_function``: no method of the row's classes has the name; ``bad_arguments``: arguments that are
+        not a JSON object, or that the method does not take; ``raised``: the method raised; ``error_result``: the
+        class answered with its own error (``{"error": ...}``: ``cd`` into a folder that is not there)."""
+        function = call["function"]
+        name = self._environment.get("tool_names", {}).get(function["name"], function["name"])
+        arguments = call_arguments(function.get("arguments"))
+        if arguments is None:  # BFCL's handler fails to decode such a call; there is no text of its own for it
+            return f"{EXECUTION_ERROR}the arguments are not a JSON object", "bad_arguments"
+        method = self._methods.get(name)
+        if method is None:
+            return f"{EXECUTION_ERROR}name {name!r} is not defined", "unknown_function"
+        text = f"{name}({','.join(f'{k}={v!r}' for k, v in arguments.items())})"  # BFCL's convert_to_function_call
+        [result], _ = self._harness([text])
+        if result.startswith(EXECUTION_ERROR):
+            return result, "raised" if _binds(method, arguments) else "bad_arguments"
+        return result, "error_result" if _error_result(result) else None
+
+    def close(self) -> None:
+        prefix = re.sub(r"[-./:]", "_", f"{self._model}_")
+        for key in [k for k in vars(self._utils) if k.startswith(prefix)]:
+            del vars(self._utils)[key]
+
+
+def _binds(method: Any, arguments: dict) -> bool:
+    try:
+        inspect.signature(method).bind(**arguments)
+    except TypeError:
+        return False
+    return True
+
+
+def _error_result(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and set(value) == {"error"}
 
 
 def executed_messages(row: dict, ground_truth: list[list[str]] | None, long_context: bool = False) -> list[dict]:

@@ -139,10 +139,12 @@ class Prompt:
     tool_steps: list[list[list[dict]]] | None = None
     open_end: bool = False
     history: list[str] | None = None
+    environment: dict | None = None
 
     @property
     def digest(self) -> str:
-        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps, self.open_end, self.history)
+        return prompt_digest(self.turns, self.system, self.tools, self.tool_steps, self.open_end, self.history,
+                             self.environment)
 
 
 @dataclass(frozen=True)
@@ -671,7 +673,7 @@ def load_prompts(path: Path, fmt: str = "auto", prompt_field: str = "prompt", id
             result.rejects.append(Reject(str(path), number, id_field, f"duplicate id {pid!r}"))
             continue
         seen.add(pid)
-        result.prompts.append(replace(parsed, id=pid))
+        result.prompts.append(replace(parsed, id=pid, environment=bfcl_environment(row)))
     return result
 
 
@@ -687,6 +689,15 @@ def load_configured(cfg: dict, base_dir: Path, apply_max_samples: bool = True) -
                         id_field=cfg["id_field"], max_samples=cfg["max_samples"] if apply_max_samples else None,
                         max_prompt_chars=cfg["max_prompt_chars"], skip=cfg["skip"], tools=cfg.get("tools"),
                         history=history)
+
+
+def bfcl_environment(row: dict) -> dict | None:
+    """A BFCL multi-turn row's environment; None for any other row (the wheel is imported only for such rows)."""
+    if not isinstance(row.get("bfcl"), dict):
+        return None
+    from draftsmith.data import bfcl
+
+    return bfcl.environment_of(row)
 
 
 def write_prompts(prompts: list[Prompt], dest: Path) -> None:
@@ -709,9 +720,12 @@ def _prompt_row(prompt: Prompt) -> dict:
         row["open_end"] = True
     if prompt.history is not None:
         row["history"] = prompt.history
+    if prompt.environment is not None:
+        row["environment"] = prompt.environment
     return row
 
 
 def read_prompts(path: Path) -> list[Prompt]:
     return [Prompt(row["id"], row["turns"], row.get("system"), row.get("tools"), row.get("tool_steps"),
-                   row.get("open_end", False), row.get("history")) for _, row in jsonl.read(path)]
+                   row.get("open_end", False), row.get("history"), row.get("environment"))
+            for _, row in jsonl.read(path)]
