@@ -195,8 +195,8 @@ def test_unmatched_calls_names_the_journal_only_where_it_changes_answers():
     base = GenerationSettings()
     assert settings_key("m", GenerationSettings(unmatched_calls="cut")) == settings_key("m", base)
     assert settings_key("m", GenerationSettings(unmatched_calls="by_name")) != settings_key("m", base)
-    with pytest.raises(ValueError, match=r"generation\.unmatched_calls: 'execute' is not one of cut, by_name"):
-        GenerationSettings(unmatched_calls="execute")
+    with pytest.raises(ValueError, match=r"generation\.unmatched_calls: 'run' is not one of cut, by_name, execute"):
+        GenerationSettings(unmatched_calls="run")
 
 
 def test_a_conversation_whose_data_ends_at_a_call_ends_at_the_targets_calls_uncut(sim, tmp_path, caplog):

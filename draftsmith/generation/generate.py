@@ -28,7 +28,11 @@ Semantics (documented in docs/stages.md):
   ``other_arguments`` (its name's result was called with other arguments; ``unmatched_calls:
   by_name`` answers it all the same, counted as ``results_by_name``), ``more_calls_than_results`` (no
   step left where the data goes on), ``parallel_calls`` (more calls in one turn than the step has
-  results; fewer are paired with the first). Where the data has nothing after the calls (no result,
+  results; fewer are paired with the first). A row with an environment (BFCL multi-turn) runs every call instead
+  (``unmatched_calls: execute``, its default): on the row's own instances, in whatever order and number the model
+  makes them, each answered with its result or BFCL's error text, up to BFCL's step limit per stretch (counted
+  ``step_limit``); a row whose instances cannot be set up is journaled ``setup_failed``, named in the log and the
+  stats. Where the data has nothing after the calls (no result,
   no later turn: a single-turn tool set, a prompt with tools) the conversation ends at the model's
   calls, counted as ``ends_at_call``, no cut. A stretch the model ends with steps unused is a natural
   end (``fewer_calls``), counted apart, and the next user turn follows. A turn whose text holds the
@@ -74,7 +78,7 @@ import signal
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +88,7 @@ from tqdm import tqdm
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.core.digest import ids_digest, json_digest
+from draftsmith.data import bfcl
 from draftsmith.data.chat import (
     Renderer,
     history_reasoning,
@@ -442,6 +447,7 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
     _check_error_fraction(dataset, prompts, run, settings.max_error_fraction, resume_hint)
     stats = _stats(dataset, prompts, run, client, time.monotonic() - run.started, limits, settings)
     _warn_parser(dataset, stats)
+    _log_executed(dataset, stats)
     ordered = [r for p in prompts for r in _records_of(run.done, p) if r["status"] == "ok"]
     write_jsonl(outputs.errors, run.errors)
     write_json(outputs.stats, stats)
@@ -588,6 +594,9 @@ class _Conversation:
     results_by_name: int = 0
     unparsed_markup: int = 0  # turns whose text holds the parser's call markup and no call was read
     ends_at_context: bool = False  # the next request's prompt would not fit the target's context
+    executed_steps: int = 0  # turns of calls run on the row's own instances (unmatched_calls: execute)
+    execution_errors: Counter = field(default_factory=Counter)  # their calls' errors, by reason (bfcl.Instances.run)
+    cost: float = 0.0
 
     def end_at_context(self) -> _Conversation:
         """End before a request that would not fit: what was to be sent after the last answer (a user turn, tool
@@ -598,33 +607,70 @@ class _Conversation:
         return self
 
 
-async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSettings, run: _Run,
-                    context: ContextLimit | None = None) -> _Conversation:
-    """Answer a prompt turn by turn on the model's own history; within each user turn's stretch, answer
-    the model's tool calls with the dataset's results until it stops calling, a call cannot be paired or
-    the data ends at a call. Each stretch loops at most once per dataset step, plus the answer that ends it."""
+Ask = Callable[[list[dict]], Awaitable[ChatResult]]
+
+
+def unmatched_mode(prompt: Prompt, settings: GenerationSettings) -> str:
+    """What a call no result answers gets: the set's ``unmatched_calls``, else ``execute`` for a row with an
+    environment (BFCL multi-turn) and ``cut`` for any other."""
+    return settings.unmatched_calls or ("execute" if prompt.environment is not None else "cut")
+
+
+async def converse(prompt: Prompt, ask_turn: Ask, settings: GenerationSettings,
+                   context: ContextLimit | None = None, end_at_length: bool = True) -> _Conversation:
+    """Answer a prompt turn by turn on the model's own history (``ask_turn`` sends one request); within each user
+    turn's stretch, answer the model's tool calls until it answers in text. Calls are paired with the dataset's
+    results (each stretch loops at most once per dataset step, plus the answer that ends it) until one cannot be
+    paired or the data ends at a call; under ``execute`` every call runs on the row's own instances, set up once
+    for the row, up to BFCL's step limit per stretch (the call turn past it ends the conversation, counted
+    ``step_limit``). Generation and the serving grid drive this one loop; the grid keeps a conversation going past
+    an answer cut by ``max_tokens`` (``end_at_length`` False: its load is the set's turns, not a row to keep).
+    Raises :class:`bfcl.SetupFailed` for a row whose instances cannot be set up."""
+    mode = unmatched_mode(prompt, settings)
+    if mode == "execute" and prompt.environment is None:
+        raise ValueError(f"{prompt.id}: generation.unmatched_calls: execute needs a row with an environment "
+                         "(BFCL multi-turn); this row has none")
+    instances = bfcl.Instances(prompt.environment) if mode == "execute" else None
+    try:
+        return await _converse(prompt, ask_turn, settings, context, mode, instances, end_at_length)
+    finally:
+        if instances is not None:
+            instances.close()
+
+
+async def _converse(prompt: Prompt, ask_turn: Ask, settings: GenerationSettings, context: ContextLimit | None,
+                    mode: str, instances: bfcl.Instances | None, end_at_length: bool) -> _Conversation:
     conv = _Conversation([{"role": "system", "content": prompt.system}] if prompt.system else [])
     stretches = prompt.tool_steps or []
     markup = call_markup(settings.tool_call_parser, settings.tool_rendering) if prompt.tools else ()
+    limit = bfcl.step_limit() if instances else 0
     for index, turn in enumerate(prompt.turns):
         conv.messages.append({"role": "user", "content": turn})
         steps = list(stretches[index]) if index < len(stretches) else []
+        executed = 0
         while True:
             sent = history_reasoning(conv.messages, settings.reasoning)
             if context and context.leaves_no_room(sent, prompt.tools):
                 return conv.end_at_context()
-            result = await ask(client, sent, prompt, settings.request_body(), settings.tool_rendering)
-            run.cost += result.cost or 0.0
+            result = await ask_turn(sent)
+            conv.cost += result.cost or 0.0
             conv.messages.append(assistant_message(result, settings.tool_rendering == "text"))
             conv.turns.append(_turn_record(result))
             conv.tool_calls += len(result.tool_calls or [])
             conv.unparsed_markup += not result.tool_calls and any(m in (result.content or "") for m in markup)
-            if result.finish_reason == "length":
+            if result.finish_reason == "length" and end_at_length:
                 return conv
             if not result.tool_calls:
-                conv.fewer_calls |= bool(steps)
+                conv.fewer_calls |= bool(steps) and instances is None
                 break
-            pairing = pair_calls(result.tool_calls, steps, prompt.tools, settings.unmatched_calls or "cut",
+            if instances is not None:
+                if executed == limit:
+                    conv.cut = "step_limit"
+                    return conv
+                conv.messages += _executed(result.tool_calls, instances, conv)
+                executed += 1
+                continue
+            pairing = pair_calls(result.tool_calls, steps, prompt.tools, mode,
                                  data_ends_here=prompt.open_end and index == len(prompt.turns) - 1)
             conv.cut, conv.ends_at_call = pairing.cut, pairing.ends_at_call
             conv.results_by_name += pairing.by_name
@@ -632,6 +678,19 @@ async def _converse(prompt: Prompt, client: ChatClient, settings: GenerationSett
                 return conv
             conv.messages += pairing.answers
     return conv
+
+
+def _executed(calls: list[dict], instances: bfcl.Instances, conv: _Conversation) -> list[dict]:
+    """One step: the turn's calls run in the order made, each answered with its result or BFCL's error text."""
+    answers = []
+    for call in calls:
+        text, error = instances.run(call)
+        if error:
+            conv.execution_errors[error] += 1
+        answers.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                        "content": text})
+    conv.executed_steps += 1
+    return answers
 
 
 async def ask(client: ChatClient, messages: list[dict], prompt: Prompt, body: dict, tool_rendering: str) -> ChatResult:
@@ -664,11 +723,19 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
             await _trajectory(prompt, client, settings, journal, run, bar, context, limits)
             return
         begun = time.monotonic()
+        body = settings.request_body()
         try:
-            conv = await _converse(prompt, client, settings, run, context)
+            conv = await converse(prompt, lambda sent: ask(client, sent, prompt, body, settings.tool_rendering),
+                                  settings, context)
         except RequestFailed as failed:
             _failed(run, prompt.id, failed)
             return
+        except bfcl.SetupFailed as failed:  # deterministic: journaled, counted and named, not retried
+            log.warning("%s: its tool instances could not be set up (%s); not regenerated", prompt.id, failed)
+            _journal({"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt.digest,
+                      "status": "setup_failed", "setup_error": str(failed), "latency_s": 0.0}, journal, run, bar)
+            return
+        run.cost += conv.cost
         record = _record(prompt, conv, settings, round(time.monotonic() - begun, 3))
         _journal(record, journal, run, bar)
         run.kept += record["status"] == "ok"
@@ -783,6 +850,12 @@ def _record(prompt: Prompt, conv: _Conversation, settings: GenerationSettings, l
             record["results_by_name"] = conv.results_by_name
         if conv.unparsed_markup:
             record["unparsed_call_markup"] = conv.unparsed_markup
+    if prompt.environment is not None:
+        record["calls_expected"] = bfcl.expected_calls(prompt.environment)
+    if conv.executed_steps:
+        record["executed_steps"] = conv.executed_steps
+    if conv.execution_errors:
+        record["execution_errors"] = dict(conv.execution_errors)
     return record
 
 
@@ -806,6 +879,18 @@ def _warn_parser(dataset: str, stats: dict) -> None:
                     "and no call was read from it: check target.tool_call_parser (with tokenize.tool_rendering: "
                     "text, the model wrote blocks that are not a JSON call)", dataset,
                     stats["unparsed_call_markup"], stats["rows_with_tools"])
+
+
+def _log_executed(dataset: str, stats: dict) -> None:
+    """The job's log says how the rows' own calls ran, and names every row whose instances were not set up."""
+    if "executed_steps" not in stats:
+        return
+    log.info("%s: %d steps run on the rows' own instances, %d calls made against %d in the ground truth, execution "
+             "errors %s", dataset, stats["executed_steps"], stats["calls_made"], stats["calls_expected"],
+             stats["execution_errors_by_reason"] or "none")
+    if stats["setup_failed"]:
+        log.warning("%s: %d rows whose tool instances could not be set up were not regenerated: %s", dataset,
+                    stats["setup_failed"], ", ".join(stats["setup_failed_ids"]))
 
 
 def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
@@ -833,6 +918,7 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "fewer_calls": sum(bool(r.get("fewer_calls")) for r in ok),
         "results_by_name": sum(r.get("results_by_name", 0) for r in ok),
         "unparsed_call_markup": sum("unparsed_call_markup" in r for r in ok),
+        **_executed_stats(ok, records),
         "tool_call_token_source": dict(Counter(r["tool_call_tokens"] for r in ok if "tool_call_tokens" in r)),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
@@ -850,6 +936,22 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "wall_s_this_run": round(wall_s, 3),
         "cost": run.cost or None,
     }
+
+
+def _executed_stats(ok: list[dict], records: list[dict]) -> dict:
+    """For a set with environments (BFCL multi-turn): the steps and calls run on the rows' own instances, the calls
+    the ground truth made, the calls' errors by reason, the rows whose set-up failed (named); none otherwise."""
+    failed = sorted(r["id"] for r in records if r["status"] == "setup_failed")
+    with_env = [r for r in ok if "calls_expected" in r]
+    if not with_env and not failed:
+        return {}
+    errors: Counter = Counter()
+    for r in with_env:
+        errors.update(r.get("execution_errors", {}))
+    return {"executed_steps": sum(r.get("executed_steps", 0) for r in with_env),
+            "calls_made": sum(r.get("tool_calls", 0) for r in with_env),
+            "calls_expected": sum(r["calls_expected"] for r in with_env),
+            "execution_errors_by_reason": dict(errors), "setup_failed": len(failed), "setup_failed_ids": failed}
 
 
 def make_client(base_urls: str | list[str], model: str, settings: GenerationSettings, api_key_env: str | None,

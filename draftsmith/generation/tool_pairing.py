@@ -14,8 +14,9 @@ from draftsmith.data.tool_calls import call_arguments, parameter_defaults, same_
 
 # datasets.<name>.generation.unmatched_calls: what a call with the name of one of the step's results but other
 # arguments gets. cut (the default): the conversation ends there, its turn kept, counted as other_arguments;
-# by_name: the result of that name all the same, counted and labelled semi-on-policy.
-UNMATCHED_CALLS = ("cut", "by_name")
+# by_name: the result of that name all the same, counted and labelled semi-on-policy; execute: every call of the
+# target's runs on the row's own tool instances (a row with an environment, BFCL multi-turn: the default there).
+UNMATCHED_CALLS = ("cut", "by_name", "execute")
 
 # The markup that opens a call in the target's text, per vLLM tool-call parser (vllm/parser/*.py and
 # vllm/tool_parsers/*.py, vLLM 0.32): left in a turn's text with no call read, it says the parser did not
