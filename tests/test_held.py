@@ -9,6 +9,7 @@ import pytest
 
 from draftsmith.data.datasets import Prompt
 from draftsmith.evaluation import evaluate as ev
+from draftsmith.generation.client import ChatResult
 
 
 class Engine:
@@ -36,8 +37,8 @@ class Engine:
                         engine.generated += 1
                 finally:
                     engine.running -= 1
-                return SimpleNamespace(content="x", completion_tokens=n, verify_steps=None, reasoning=None,
-                                       tool_calls=None)
+                return ChatResult(content="x", reasoning=None, finish_reason="stop", prompt_tokens=1,
+                                  completion_tokens=n, attempts=1)
 
             async def aclose(self):
                 pass

@@ -33,11 +33,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from draftsmith.config.target import Target
 from draftsmith.core import compute
+from draftsmith.data.bfcl import SetupFailed
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation import methods
-from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, RequestFailed, RetryPolicy
+from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, ChatResult, RequestFailed, RetryPolicy
+from draftsmith.generation.generate import GenerationSettings
 from draftsmith.generation.generate import ask as ask_with_tools
-from draftsmith.generation.generate import assistant_message
+from draftsmith.generation.generate import converse as converse_with_tools
 from draftsmith.generation.server import (
     CUDA_OOM,
     ENGINE_KILLED,
@@ -50,7 +52,6 @@ from draftsmith.generation.server import (
     ended_by_signal,
     engine_args,
 )
-from draftsmith.generation.tool_pairing import pair_calls
 from draftsmith.training import families
 
 SPEC_PREFIX = "vllm:spec_decode_"
@@ -202,7 +203,7 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     concurrency at a time (up to :data:`MAX_ROUNDS`), so that its running mean is read, never skipped. On SGLang
     nothing is cut: the round is timed to its last answer (:data:`TOKENS_COUNTED`), its in-flight mean still read
     while the batch was full. A prompt with tools sends them on every request (``tool_choice: auto``) and its
-    calls get the dataset's results, as generation gives them; the run counts the calls the target made.
+    calls are answered on generation's own loop; the run counts the calls the target made.
     Returns the run and the engine's counters at the window's start and end."""
     root = root_of(base_url)
     per_request = drafting and engine == "sglang"  # SGLang's per-request target steps (never a running mean)
@@ -231,37 +232,30 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         total += concurrency
         return True
 
-    async def ask(messages: list[dict], p: Prompt) -> list[dict] | None:
-        """One request, its answer added to ``messages`` and counted where the window counts it; returns the
-        model's tool calls (a prompt without tools is sent none, so it makes none)."""
+    settings = GenerationSettings(tool_rendering=tool_rendering)  # calls answered as generation answers them
+
+    async def ask(messages: list[dict], p: Prompt) -> ChatResult:
+        """One request, its answer counted where the window counts it."""
         spans.append((time.monotonic(), None))
         at = len(spans) - 1
         result = await ask_with_tools(client, messages, p, body, tool_rendering)
         spans[at] = (spans[at][0], time.monotonic())
-        calls = result.tool_calls if p.tools else None
-        messages.append(assistant_message(result, tool_rendering == "text"))
         if not cut or not closed.is_set():
             done["requests"] += 1
             done["tokens"] += result.completion_tokens
             done["steps"] += result.verify_steps or 0
             done["requests_with_tools"] += bool(p.tools)
-            done["tool_calls"] += len(calls or [])
-        return calls
+            done["tool_calls"] += len(result.tool_calls or []) if p.tools else 0
+        return result
 
     async def converse(p: Prompt) -> None:
-        """A prompt's turns in order, each user turn's calls answered with the dataset's results as generation
-        pairs them (:func:`~draftsmith.generation.tool_pairing.pair_calls`); a call with no result to pair ends the
-        prompt (its next turn would follow an unanswered call)."""
-        messages: list[dict] = [{"role": "system", "content": p.system}] if p.system else []
-        stretches = p.tool_steps or []
-        for index, turn in enumerate(p.turns):
-            messages.append({"role": "user", "content": turn})
-            steps = list(stretches[index]) if index < len(stretches) else []
-            while calls := await ask(messages, p):
-                pairing = pair_calls(calls, steps, p.tools)
-                if not pairing.answers:
-                    return
-                messages += pairing.answers
+        """A prompt's turns in order on generation's own loop (:func:`~draftsmith.generation.generate.converse`):
+        calls paired with the dataset's results, or run on the row's own instances (BFCL multi-turn), the
+        history's reasoning as generation sends it. A row whose instances cannot be set up is named and skipped."""
+        try:
+            await converse_with_tools(p, lambda messages: ask(messages, p), settings, end_at_length=False)
+        except SetupFailed as failed:
+            log.warning("%s: its tool instances could not be set up (%s); not sent", p.id, failed)
 
     async def worker() -> None:
         try:
