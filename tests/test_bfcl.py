@@ -4,6 +4,7 @@ label of prompt sets."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import re
@@ -14,7 +15,7 @@ import pytest
 from draftsmith.config.load import ConfigError, load_layers, validate_config
 from draftsmith.config.target import resolve
 from draftsmith.data import bfcl
-from draftsmith.data.datasets import load_prompts, resolve_source
+from draftsmith.data.datasets import load_prompts, read_prompts, resolve_source, write_prompts
 from draftsmith.evaluation import methods
 from draftsmith.ops import preflight
 from tests.conftest import REPO
@@ -131,6 +132,26 @@ def test_a_bfcl_source_loads_as_prompts_with_tools_and_tool_results():
     assert first.open_end  # it stops at its last result: a call beyond it ends the conversation, no cut
     simple = load_prompts(resolve_source("bfcl:simple_python", Path(".")))
     assert len(simple.prompts) == 400 and all(p.tools and p.open_end for p in simple.prompts)
+
+
+@installed
+def test_a_multi_turn_prompt_carries_its_environment_which_keys_its_digest(tmp_path):
+    """What BFCL needs to set up the row's own instances travels with the prompt, through the prompts file, and
+    names the row's content: a row regenerated before it held none, so it is regenerated once, live."""
+    first = load_prompts(resolve_source("bfcl:multi_turn_base", Path(".")), max_samples=1).prompts[0]
+    environment = first.environment
+    assert environment["classes"] == ["TwitterAPI", "GorillaFileSystem"] and not environment["long_context"]
+    assert "GorillaFileSystem" in environment["initial_config"] and environment["tool_names"] == {}
+    assert environment["ground_truth"][0] == ["cd(folder='document')", "mkdir(dir_name='temp')",
+                                              "mv(source='final_report.pdf', destination='temp')"]
+    assert bfcl.expected_calls(environment) == 10
+    assert first.digest != dataclasses.replace(first, environment=None).digest
+    write_prompts([first], tmp_path / "p.jsonl")
+    assert read_prompts(tmp_path / "p.jsonl") == [first]
+    long = next(bfcl.rows("multi_turn_long_context"))
+    assert long["bfcl"]["environment"]["long_context"]
+    simple = load_prompts(resolve_source("bfcl:simple_python", Path(".")), max_samples=1).prompts[0]
+    assert simple.environment is None
 
 
 def test_an_unknown_category_or_a_missing_package_is_a_clear_error(monkeypatch):

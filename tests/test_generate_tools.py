@@ -31,6 +31,7 @@ from draftsmith.generation.generate import (
     tool_options,
 )
 from draftsmith.generation.server import ServerSpec, check_tool_call_parser, generation_spec
+from draftsmith.data.tool_calls import same_arguments
 from draftsmith.generation.tool_pairing import pair_calls
 from tests.conftest import REPO
 from tests.sim.tool_server import ToolSim
@@ -160,6 +161,17 @@ def test_a_result_goes_to_the_call_of_its_arguments_and_parallel_calls_pair_by_t
     mixed = pair_calls([weather_call(0, {"city": "Rome"}), weather_call(1, {"city": "Oslo"})],
                        [[weather("Oslo"), weather("Paris")]], WEATHER, unmatched="by_name")
     assert [m["content"] for m in mixed.answers] == ["weather of Paris", "weather of Oslo"] and mixed.by_name == 1
+
+
+@pytest.mark.parametrize(("a", "b", "defaults", "same"), [
+    ({"days": None}, {}, {}, False),  # null is a value: no default, so not what leaving it out asks
+    ({"days": None}, {}, {"days": None}, True),  # absent equals the schema's default only, here null
+    ({"days": None}, {}, {"days": 1}, False),  # null is not "the default": the function gets None, not 1
+    ({}, {"days": 1}, {"days": 1}, True),
+    ({"days": None}, {"days": None}, {}, True),
+])
+def test_an_argument_given_as_null_is_a_value_and_absent_equals_only_the_default(a, b, defaults, same):
+    assert same_arguments(a, b, defaults) is same and same_arguments(b, a, defaults) is same
 
 
 @pytest.mark.parametrize(("called", "dataset", "same"), [
@@ -576,3 +588,85 @@ def test_tokenize_reasoning_names_a_tool_sets_journal_and_params_only():
     assert generation_tool_params(config, ["agent"]) == {"reasoning": "drop"}
     assert generation_tool_params({**config, "tokenize": {**config["tokenize"], "reasoning": "template"}},
                                   ["tools"]) == {}
+
+
+bfcl_installed = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval is not installed")
+
+
+def bfcl_row(turns: list[str], pid: str = "multi_turn_base_0", environment: dict | None = None) -> Prompt:
+    """multi_turn_base_0's tools and environment (the file system with document/final_report.pdf, a Twitter API)
+    under scripted user turns."""
+    from draftsmith.data import bfcl
+
+    row = next(bfcl.rows("multi_turn_base"))
+    return Prompt(pid, turns, tools=row["tools"], tool_steps=[[] for _ in turns],
+                  environment=environment or row["bfcl"]["environment"])
+
+
+def bfcl_harness(calls: list[str]) -> list[str]:
+    """BFCL's own harness run on multi_turn_base_0's fresh instances: the texts it returns for ``calls``."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    environment = bfcl_row(["x"]).environment
+    texts, _ = multi_turn_utils.execute_multi_turn_func_call(calls, environment["initial_config"],
+                                                             environment["classes"], "draftsmith_test_harness", "t")
+    for key in [k for k in vars(multi_turn_utils) if k.startswith("draftsmith_test_harness")]:
+        del vars(multi_turn_utils)[key]
+    return texts
+
+
+@bfcl_installed
+def test_a_bfcl_multi_turn_row_runs_the_targets_own_calls_on_its_instances(sim, tmp_path):
+    """Out of the ground truth's order, in parallel, with an extra pwd and ls, and other arguments: every call runs
+    on the row's own file system, its state carried across turns; errors come back as BFCL's own texts."""
+    prompt = bfcl_row(["calls=pwd:+ls:a=true,mkdir:dir_name=temp,cd:folder=document,"
+                       "mkdir:dir_name=temp+mv:source=final_report.pdf;destination=temp",
+                       "calls=cd:folder=temp,ls:,nosuch:,cd:x=1,cd:folder=nowhere"])
+    stats = run(sim, [prompt], tmp_path)
+    record = records(tmp_path)["multi_turn_base_0"]
+    results = [m["content"] for m in record["messages"] if m["role"] == "tool"]
+    assert results[:2] == ['{"current_working_directory": "/workspace"}',
+                           '{"current_directory_content": ["document", "archive"]}']
+    assert results[4:6] == ["None", "{\"result\": \"'final_report.pdf' moved to 'temp/final_report.pdf'\"}"]
+    assert results[6] == '{"current_working_directory": "temp"}'  # turn 2 stands where turn 1 left it
+    assert results[7] == '{"current_directory_content": ["final_report.pdf"]}'
+    assert results[8:10] == bfcl_harness(["nosuch()", "cd(x=1)"])
+    assert results[8] == "Error during execution: name 'nosuch' is not defined"
+    assert "cut" not in record and record["executed_steps"] == 9 and record["tool_calls"] == 11
+    assert record["execution_errors"] == {"unknown_function": 1, "bad_arguments": 1, "error_result": 1}
+    assert record["calls_expected"] == 10
+    assert stats["executed_steps"] == 9 and stats["calls_made"] == 11 and stats["calls_expected"] == 10
+    assert stats["execution_errors_by_reason"] == record["execution_errors"] and stats["setup_failed"] == 0
+    assert stats["cuts_by_reason"] == {} and stats["fewer_calls"] == 0
+
+
+@bfcl_installed
+def test_a_bfcl_stretch_ends_at_bfcls_step_limit_counted(sim, tmp_path):
+    prompt = bfcl_row(["calls=" + ",".join(["pwd:"] * 25), "calls=ls:"])
+    stats = run(sim, [prompt], tmp_path)
+    record = records(tmp_path)["multi_turn_base_0"]
+    assert record["cut"] == "step_limit" and record["executed_steps"] == 20 and record["tool_calls"] == 21
+    assert record["messages"][-1]["role"] == "assistant" and record["messages"][-1]["tool_calls"]
+    assert stats["cuts_by_reason"] == {"step_limit": 1}
+
+
+@bfcl_installed
+def test_a_row_whose_instances_cannot_be_set_up_is_named_and_the_others_run(sim, tmp_path, caplog):
+    good = bfcl_row(["calls=pwd:"])
+    broken = bfcl_row(["calls=pwd:"], "multi_turn_base_9", {**good.environment, "classes": ["NoSuchAPI"]})
+    with caplog.at_level("WARNING"):
+        stats = run(sim, [good, broken], tmp_path)
+    assert set(records(tmp_path)) == {"multi_turn_base_0"}
+    assert stats["setup_failed"] == 1 and stats["setup_failed_ids"] == ["multi_turn_base_9"]
+    assert "multi_turn_base_9: its tool instances could not be set up (NoSuchAPI: KeyError" in caplog.text
+    assert "1 rows whose tool instances could not be set up were not regenerated: multi_turn_base_9" in caplog.text
+    journal = [json.loads(line) for line in (tmp_path / "journal" / "j.jsonl").read_text().splitlines()]
+    assert {r["id"]: r["status"] for r in journal} == {"multi_turn_base_0": "ok", "multi_turn_base_9": "setup_failed"}
+
+
+@bfcl_installed
+def test_cut_still_pairs_a_bfcl_row_with_the_datasets_results_where_set(sim, tmp_path):
+    prompt = bfcl_row(["calls=pwd:"])
+    run(sim, [prompt], tmp_path, unmatched_calls="cut")
+    assert records(tmp_path)["multi_turn_base_0"]["cut"] == "more_calls_than_results"
+

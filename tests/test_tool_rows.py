@@ -454,11 +454,14 @@ def test_a_finished_tool_sets_prompts_are_written_again_in_the_shape_generation_
     script, params and source were as before. Generation then read the old prompts file back and regenerated every
     tool row from rows without arguments (results paired by name) and without open_end (single-turn sets cut at
     their calls). A tool set's prompts params now name its rows' shape; a chat set's stay as they were."""
-    from draftsmith.data.datasets import TOOL_ROWS_FORMAT, prompt_rows_params
+    from draftsmith.data.datasets import ENVIRONMENT_ROWS_FORMAT, TOOL_ROWS_FORMAT, prompt_rows_params
 
     assert prompt_rows_params({"source": "g.jsonl", "workload": "tools"}) == {"tool_rows": TOOL_ROWS_FORMAT}
     assert prompt_rows_params({"source": "s.jsonl", "workload": "agent"}) == {"tool_rows": TOOL_ROWS_FORMAT}
     assert prompt_rows_params({"source": "c.jsonl", "workload": "chat"}) == {}
+    assert prompt_rows_params({"source": "bfcl:simple_python", "workload": "tools"}) == {"tool_rows": TOOL_ROWS_FORMAT}
+    assert prompt_rows_params({"source": "bfcl:multi_turn_base", "workload": "agent"}) == {
+        "tool_rows": TOOL_ROWS_FORMAT, "environment_rows": ENVIRONMENT_ROWS_FORMAT}
     rule = (REPO / "rules" / "common.smk").read_text()
     params = rule.split("def prompts_params(wildcards):")[1].split("\ndef ")[0]
     assert "| prompt_rows_params(config[\"datasets\"][wildcards.generated])" in params

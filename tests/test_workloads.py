@@ -3,6 +3,7 @@ the target's calls counted, the recipe is ranked per workload beside the pooled 
 calls on is named, and the report's data table shows what regeneration did with tools."""
 
 import asyncio
+import importlib.util
 import json
 
 import pytest
@@ -15,6 +16,7 @@ from draftsmith.evaluation.model_card import NO_TOOL_CALLS, card
 from draftsmith.evaluation.report import Inputs
 from tests import grid
 from tests.sim.tool_server import ToolSim
+from tests.test_generate_tools import bfcl_row
 from tests.test_report import GATE, GENERATION, MERGE, NGRAM, PROMPTS, TRAINING, VOCAB, card_inputs, report
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
@@ -234,3 +236,19 @@ def test_the_training_free_page_ranks_its_methods_against_the_target_alone(tmp_p
     assert page.startswith("# Training-free speculation on this target")
     recipe = page.split("## Serving recipe")[1].split("\n## ")[0]
     assert "suffix" in recipe.lower() and "1.600" in recipe, recipe
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval is not installed")
+def test_the_grid_runs_a_bfcl_row_live_on_generations_loop(monkeypatch):
+    """The grid drives generation's conversation loop: a BFCL multi-turn row's calls run on its own instances (the
+    second turn's prompt holds the file system's answers), where the grid's own loop would have ended it unpaired."""
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)
+    prompt = bfcl_row(["calls=cd:folder=document,ls:", "calls=pwd:"])
+    with MeteredToolSim() as sim:
+        run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", [prompt], {"max_tokens": 8}, 1, rounds=1))
+        sent = sim.requests
+    assert [m["content"] for m in sent[-1]["messages"] if m["role"] == "tool"] == [
+        '{"current_working_directory": "document"}',
+        '{"current_directory_content": ["final_report.pdf", "previous_report.pdf"]}',
+        '{"current_working_directory": "/workspace/document"}']
+    assert run.tool_calls == 3 and run.requests_with_tools == len(sent) == 5

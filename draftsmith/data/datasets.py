@@ -97,12 +97,20 @@ def entry_params(entry: dict) -> dict[str, Any]:
 # changed digests would otherwise regenerate the set from them, pairing results by name alone and cutting
 # single-turn sets at their calls, the very behaviour the new rows end.
 TOOL_ROWS_FORMAT = 2
+# A BFCL multi-turn set's rows carry their environment (:attr:`Prompt.environment`) since this format: its prompts
+# job takes it as a param, so that rows written before are read again, the target's calls run on their instances.
+ENVIRONMENT_ROWS_FORMAT = 1
+ENVIRONMENT_SOURCES = ("bfcl:multi_turn_",)
 
 
 def prompt_rows_params(entry: dict) -> dict[str, Any]:
     """What a dataset's prompts job adds to its params for the shape of the rows it writes: a tool or agent set's
-    :data:`TOOL_ROWS_FORMAT` (its prompts are read again once), nothing for other sets (theirs stay as they are)."""
-    return {"tool_rows": TOOL_ROWS_FORMAT} if entry.get("workload") in TOOL_WORKLOADS else {}
+    :data:`TOOL_ROWS_FORMAT` (its prompts are read again once), a BFCL multi-turn set's
+    :data:`ENVIRONMENT_ROWS_FORMAT` too, nothing for other sets (theirs stay as they are)."""
+    params = {"tool_rows": TOOL_ROWS_FORMAT} if entry.get("workload") in TOOL_WORKLOADS else {}
+    if str(entry.get("source", "")).startswith(ENVIRONMENT_SOURCES):
+        params["environment_rows"] = ENVIRONMENT_ROWS_FORMAT
+    return params
 
 
 def workload_problem(prompts: list[Prompt], workload: str, where: str) -> str | None:

@@ -41,7 +41,9 @@ def parameter_defaults(tools: list[dict] | None, name: str) -> dict[str, Any]:
 def same_arguments(a: dict, b: dict, defaults: dict[str, Any]) -> bool:
     """Whether two calls of one function asked the same thing: as JSON objects, key order ignored,
     numbers by value (``1`` is ``1.0``, never ``true``), strings exact; a parameter one side leaves
-    out and the other gives at the schema's default is the same."""
+    out and the other gives at the schema's default is the same. ``null`` is a value like any other, not
+    "left out": the function receives None, which differs from a default of 1, so a ``null`` argument equals
+    an absent one only where the schema's default is itself ``null``."""
     for key in a.keys() | b.keys():
         if key in a and key in b:
             if not same_value(a[key], b[key]):

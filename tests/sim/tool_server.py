@@ -4,10 +4,10 @@ The last user message holding ``calls=`` scripts the stretch that follows it: ``
 ``a`` in the first answer, ``b`` and ``c`` at once (parallel) in the second, and answers in text in
 the third and later ones. A call's arguments are ``{"step": <its answer's place>}``, or as scripted after
 its name: ``calls=get_weather:city=Paris;days=2`` calls ``get_weather(city="Paris", days=2)`` (a value
-is read as JSON where it is JSON, else as a string). The answer's place in the stretch is the number of
-assistant messages since that user message, so the server keeps no state between requests and a resumed run gets the
-same answers. ``length=N`` ends the N-th answer (0-based) with ``finish_reason: length``; ``delay=S``
-sleeps S seconds before answering.
+is read as JSON where it is JSON, else as a string), ``calls=pwd:`` calls ``pwd()``. The answer's place in
+the stretch is the number of assistant messages since that user message, so the server keeps no state between
+requests and a resumed run gets the same answers. ``length=N`` ends the N-th answer (0-based) with
+``finish_reason: length``; ``delay=S`` sleeps S seconds before answering.
 
 With ``text=True`` the calls are written into the content as Hermes ``<tool_call>`` blocks (what a
 model does where the tools are rendered as text and no parser runs), else returned in
@@ -98,9 +98,11 @@ class ToolSim(ReasoningSim):
 
 def _scripted_call(script: str, place: int) -> dict:
     """``name`` or ``name:key=value;key=value`` as the call's function."""
-    name, _, arguments = script.partition(":")
-    if not arguments:
+    name, colon, arguments = script.partition(":")
+    if not colon:
         return {"name": name, "arguments": json.dumps({"step": place})}
+    if not arguments:  # "name:": no arguments
+        return {"name": name, "arguments": "{}"}
     parsed = {}
     for pair in arguments.split(";"):
         key, _, value = pair.partition("=")
