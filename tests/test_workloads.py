@@ -252,3 +252,15 @@ def test_the_grid_runs_a_bfcl_row_live_on_generations_loop(monkeypatch):
         '{"current_directory_content": ["final_report.pdf", "previous_report.pdf"]}',
         '{"current_working_directory": "/workspace/document"}']
     assert run.tool_calls == 3 and run.requests_with_tools == len(sent) == 5
+
+
+def test_the_report_names_a_bfcl_sets_live_calls_and_every_row_whose_set_up_failed(tmp_path):
+    generation = {**GENERATION, "bfcl_mt": {**GENERATION["everyday"], "rows_with_tools": 9, "tool_calls": 40,
+                                            "cuts_by_reason": {"step_limit": 1}, "executed_steps": 31,
+                                            "calls_made": 40, "calls_expected": 36,
+                                            "execution_errors_by_reason": {"unknown_function": 2, "raised": 1},
+                                            "setup_failed": 1, "setup_failed_ids": ["multi_turn_base_7"]}}
+    text = report(tmp_path, report_inputs(results(evaluations()), generation=generation))
+    section = text.split("## Tool-call data")[1].split("\n## ")[0]
+    assert "| bfcl_mt | 31 | 40 | 36 | 3 (raised 1, unknown function 2) | 1 (multi_turn_base_7) |" in section
+    assert "| 1 (11%: step limit 1) |" in section

@@ -561,6 +561,7 @@ def _tool_data(generation_stats: dict[str, dict], tokenized: dict[str, dict] | N
                       "read from it (" + ", ".join(f"{n}: {generation_stats[n]['unparsed_call_markup']}" for n in names
                                                    if generation_stats[n].get("unparsed_call_markup"))
                   + "): check target.tool_call_parser."]
+    lines += _executed_lines({n: generation_stats[n] for n in names if "executed_steps" in generation_stats[n]})
     rerendered = {n: ((tokenized or {}).get(n) or {}).get("tools", {}).get("per_turn_rerendered") for n in names}
     if any(rerendered.values()):
         lines += ["", "Conversations tokenized one row per turn though the layout is whole (" + ", ".join(
@@ -569,6 +570,23 @@ def _tool_data(generation_stats: dict[str, dict], tokenized: dict[str, dict] | N
     if any((st.get("tool_call_token_source") or {}).get("template") for st in generation_stats.values()):
         lines += ["", "A hosted API returns text: the calls' tokens are the template's rendering of the calls the API "
                       "returned, not the ids the model sampled."]
+    return lines
+
+
+def _executed_lines(executed: dict[str, dict]) -> list[str]:
+    """The sets whose calls ran on their rows' own instances (BFCL multi-turn, ``unmatched_calls: execute``): steps,
+    calls made against the ground truth's, execution errors by reason, and every row whose set-up failed, named."""
+    if not executed:
+        return []
+    lines = ["", "Calls run live on each row's own instances of BFCL's classes (`unmatched_calls: execute`), their "
+                 "results or BFCL's error texts returned to the target:", "",
+             "| dataset | steps | calls made | calls in the ground truth | execution errors (by reason) | "
+             "rows whose set-up failed |", "|---|---:|---:|---:|---|---|"]
+    for name, st in executed.items():
+        errors = st.get("execution_errors_by_reason") or {}
+        named = ", ".join(st.get("setup_failed_ids") or [])
+        lines.append(f"| {name} | {st['executed_steps']} | {st['calls_made']} | {st['calls_expected']} | "
+                     f"{_cuts(errors, 0)} | {st.get('setup_failed', 0)}{f' ({named})' if named else ''} |")
     return lines
 
 
