@@ -17,6 +17,7 @@ from draftsmith.config.target import Target
 from draftsmith.core.digest import json_digest
 from draftsmith.data.chat import TokenizeSettings, tokenize_file
 from draftsmith.data.datasets import Prompt
+from draftsmith.data.tool_calls import same_arguments
 from draftsmith.generation import server as server_module
 from draftsmith.generation.client import ChatClient, RetryPolicy
 from draftsmith.generation.generate import (
@@ -31,7 +32,6 @@ from draftsmith.generation.generate import (
     tool_options,
 )
 from draftsmith.generation.server import ServerSpec, check_tool_call_parser, generation_spec
-from draftsmith.data.tool_calls import same_arguments
 from draftsmith.generation.tool_pairing import pair_calls
 from tests.conftest import REPO
 from tests.sim.tool_server import ToolSim
