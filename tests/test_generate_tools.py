@@ -670,3 +670,10 @@ def test_cut_still_pairs_a_bfcl_row_with_the_datasets_results_where_set(sim, tmp
     run(sim, [prompt], tmp_path, unmatched_calls="cut")
     assert records(tmp_path)["multi_turn_base_0"]["cut"] == "more_calls_than_results"
 
+
+
+def test_execute_on_a_set_without_environments_is_refused_before_any_request(sim, tmp_path):
+    with pytest.raises(GenerationFailed, match=r"d: generation.unmatched_calls: execute .* 1 rows with tools have "
+                                               r"none \(first: p\); set cut or by_name"):
+        run(sim, [T("p", ["calls=a"], [[[result("a")]]])], tmp_path, unmatched_calls="execute")
+    assert not sim.requests

@@ -412,6 +412,11 @@ async def generate(prompts: list[Prompt], client: ChatClient | None, settings: G
     called once, with the first ``EARLY_CHECK_ANSWERS`` (or all, when the run answers fewer).
     ``context`` ends a conversation whose next prompt would not fit the target's context (None: not checked).
     """
+    bare = [p.id for p in prompts if p.tools and p.environment is None]
+    if settings.unmatched_calls == "execute" and bare:
+        raise GenerationFailed(f"{dataset}: generation.unmatched_calls: execute runs the target's calls on a row's own "
+                               f"instances, which only BFCL multi-turn rows have: {len(bare)} rows with tools have "
+                               f"none (first: {bare[0]}); set cut or by_name")
     journal = Journal(outputs.journal, settings.fsync_every)
     run = _resume(prompts, journal)
     limits = Limits(max_samples, token_budget)
