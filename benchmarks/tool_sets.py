@@ -4,12 +4,13 @@ per row against a chat row.
 
 Part 1, the serving figures: one vLLM server per method (the target alone, the run's drafter, ngram, suffix), each
 set measured as the grid measures it (``run_set``: the concurrency held, the engine's tokens, tools on every request
-and the target's calls answered with the set's results). Prints per set and method the output tok/s, the speed-up
-over the target alone, tokens per target step, τ, and the tool calls the target made in the window.
+and the target's calls answered with the set's results, BFCL multi-turn's run on each row's own instances). Prints
+per set and method the output tok/s, the speed-up over the target alone, tokens per target step, τ, and the tool
+calls the target made in the window.
 
 Part 2, the cost of a row: the target alone regenerates ``--rows`` rows of each set as ``generate`` does (tool results
-paired by name and arguments, cuts by reason, ends at a call) and prints per set: prompt and completion tokens per
-row, seconds per row, tool calls, cuts and ends at a call.
+paired by name and arguments, BFCL multi-turn calls run live, cuts by reason, ends at a call) and prints per set:
+prompt and completion tokens per row, seconds per row, tool calls, cuts and ends at a call.
 
 A target whose chat template ignores tools (SmolLM2, the demo's) gets them as text (``tokenize.tool_rendering: text``),
 as a run with that setting would; every other target through its template, with ``--tool-call-parser``.
