@@ -615,7 +615,7 @@ class _Conversation:
 Ask = Callable[[list[dict]], Awaitable[ChatResult]]
 
 
-def unmatched_mode(prompt: Prompt, settings: GenerationSettings) -> str:
+def _unmatched_mode(prompt: Prompt, settings: GenerationSettings) -> str:
     """What a call no result answers gets: the set's ``unmatched_calls``, else ``execute`` for a row with an
     environment (BFCL multi-turn) and ``cut`` for any other."""
     return settings.unmatched_calls or ("execute" if prompt.environment is not None else "cut")
@@ -630,11 +630,9 @@ async def converse(prompt: Prompt, ask_turn: Ask, settings: GenerationSettings,
     for the row, up to BFCL's step limit per stretch (the call turn past it ends the conversation, counted
     ``step_limit``). Generation and the serving grid drive this one loop; the grid keeps a conversation going past
     an answer cut by ``max_tokens`` (``end_at_length`` False: its load is the set's turns, not a row to keep).
-    Raises :class:`bfcl.SetupFailed` for a row whose instances cannot be set up."""
-    mode = unmatched_mode(prompt, settings)
-    if mode == "execute" and prompt.environment is None:
-        raise ValueError(f"{prompt.id}: generation.unmatched_calls: execute needs a row with an environment "
-                         "(BFCL multi-turn); this row has none")
+    Raises :class:`bfcl.SetupFailed` for a row whose instances cannot be set up (:func:`generate` refuses
+    ``execute`` for a set whose rows have no environment before any request)."""
+    mode = _unmatched_mode(prompt, settings)
     instances = bfcl.Instances(prompt.environment) if mode == "execute" else None
     try:
         return await _converse(prompt, ask_turn, settings, context, mode, instances, end_at_length)
