@@ -20,9 +20,11 @@ for generation to pair with the model's own calls. A row with calls and no tools
 gives its tools (``datasets.<name>.tools``): generation would send none.
 
 Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``, ``sweagent``,
-``openhands``; detected under ``auto`` where their keys leave no doubt) are read by :mod:`draftsmith.data.agent_shapes` and paired here.
+``openhands``; detected under ``auto`` where their keys leave no doubt) are read by
+:mod:`draftsmith.data.agent_shapes` and paired here.
 
-Trajectories regenerated on their own history (``generation.history: dataset``, the default of ``sweagent``): the
+Trajectories regenerated on their own history (``generation.history: dataset``, the default of ``sweagent`` and
+``openhands``): the
 row keeps the dataset's assistant turns (:attr:`Prompt.history`), so that each turn is answered on the context it
 had. Such a row alternates user and assistant turns and has no tool calls: its actions stay text. An OpenHands
 export's actions are calls written as text (``<function=...>``): its row keeps them so (:attr:`Prompt.calls`) with
