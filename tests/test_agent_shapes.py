@@ -325,8 +325,8 @@ def test_openhands_rows_are_refused_under_auto_and_where_their_calls_cannot_be_r
         "<function=str_replace_editor>\n<parameter=command>view</parameter>\n<parameter=path>/a</parameter>\n"
         "<parameter=view_range>first lines</parameter>\n</function>")
     unknown = json.loads(json.dumps(row).replace("<function=execute_bash>", "<function=run_shell>"))
-    broken = {**row, "messages": row["messages"][:2] + [{"role": "assistant", "content": "<function=\n"}]
-              + row["messages"][3:]}
+    broken = {**row, "messages": [*row["messages"][:2], {"role": "assistant", "content": "<function=\n"},
+                                  *row["messages"][3:]]}
     result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [bad_value, unknown, broken]), fmt="openhands")
     assert [(r.field, r.reason.split(":")[0].split(" (")[0]) for r in result.rejects] == [
         ("answer 1", "parameter value 'first lines' is not of its schema's type"),
