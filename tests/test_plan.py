@@ -194,3 +194,24 @@ def test_a_trajectory_set_is_planned_a_row_per_turn_each_with_its_own_prefix(tmp
     assert data["rows"] == pytest.approx(ds.rows)
     assert "agent: trajectories of 3.0 turns, each turn a row holding its own prefix of ~2,000 prompt tokens: " \
            "0.5 prompt tokens per supervised token." in markdown
+
+
+def test_an_openhands_trajectory_is_planned_as_generation_sends_it(tokenizer):
+    """Issue 58: where the template renders calls, an OpenHands turn's prefix is its calls as structure with the
+    tools (no functions' description in the system prompt); under tool_rendering: text, the export's own text."""
+    from draftsmith.data.chat import Renderer, prepare_messages
+    from draftsmith.generation.generate import history_messages
+
+    renderer = Renderer(tokenizer)
+    bash = {"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    described = "sys\nYou have access to the following functions:\n" + "bash runs a command. " * 50
+    trajectory = Prompt("o", ["task", "EXECUTION RESULT of [bash]:\nfile.py"], described, [bash],
+                        history=["<function=bash>\n<parameter=command>ls</parameter>\n</function>"], calls="openhands")
+    with_tools = renderer.with_tools([bash])
+    structured = [len(with_tools.ids(with_tools.text(prepare_messages(history_messages(trajectory, k), "template"),
+                                                     True))) for k in range(2)]
+    as_text = [len(renderer.ids(renderer.text(history_messages(trajectory, k, "text"), True))) for k in range(2)]
+    assert plan.row_prompts(renderer, [trajectory], 10) == (pytest.approx(sum(structured) / 2), 2.0)
+    assert plan.row_prompts(renderer, [trajectory], 10, "text") == (pytest.approx(sum(as_text) / 2), 2.0)
+    assert sum(as_text) > sum(structured)  # the description of 50 sentences is the text prefix's alone
