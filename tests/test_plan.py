@@ -184,6 +184,11 @@ def test_a_trajectory_set_is_planned_a_row_per_turn_each_with_its_own_prefix(tmp
     contexts = [[{"role": "system", "content": "sys"}, *spoken[:n]] for n in (1, 3, 5)]  # the dataset's, to each turn
     prefixes = [len(renderer.ids(renderer.text(messages, True))) for messages in contexts]
     assert plan.row_prompts(renderer, [trajectory], 10) == (pytest.approx(sum(prefixes) / 3), 3.0)
+    # generation ends a trajectory at its first turn whose prefix leaves no answer token within max_length: the
+    # plan counted every turn, a 40-trajectory SWE-agent set at 13.4 rows each where 1.8 were sent (benchmarks)
+    assert plan.row_prompts(renderer, [trajectory], 10, max_length=prefixes[2]) == (
+        pytest.approx(sum(prefixes[:2]) / 2), 2.0)
+    assert plan.row_prompts(renderer, [chat], 10, max_length=2) == (first, 1.0)  # a chat row is cut, not dropped
     config = kimi_config(tmp_path)
     entry = {**config["datasets"]["regenerated"], "token_budget": 3_000_000, "max_samples": None}
     ds = plan.plan_dataset("agent", entry, [trajectory] * 5000, 2000, 0.5, tmp_path / "none", 10240, rows_per_sample=3)
