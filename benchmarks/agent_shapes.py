@@ -11,6 +11,10 @@ context (server.max_model_len, tokenize.max_length), then tokenized as the token
 trajectories cut at the context, and prompt tokens per supervised token against the chat demo's set (everyday,
 answered by the same endpoint). Last, the line results/plan.md writes for the trajectory set.
 
+Part 3, OpenHands on a template that renders calls: the OpenHands fixture with the set's tools, answered turn by turn
+by the scripted tool endpoint (tests/sim/tool_server.py, which calls a tool in every answer) through Qwen3's template
+(the test asset), tokenized: the requests' shape, rows, and what the rows supervise.
+
     .venv/bin/python benchmarks/agent_shapes.py --trajectories 40
 """
 
@@ -25,6 +29,7 @@ import random
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,6 +193,45 @@ def plan_line(config: dict, target, renderer: Renderer, trajectories: list, max_
     return next(line for line in markdown.splitlines() if "supervised token" in line)
 
 
+def openhands_on_qwen3() -> None:
+    from transformers import AutoTokenizer
+
+    from tests.sim.tool_server import ToolSim
+    from tests.tiny_targets import QWEN3_TOKENIZER
+
+    tokenizer = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    prompts = load_prompts(FIXTURES / "openhands.jsonl", fmt="openhands", tools=set_tools("openhands")).prompts
+    # the endpoint's script in the task itself (the in-context example around it is not sent)
+    prompts = [replace(p, turns=[p.turns[0].replace("<uploaded_files>", "calls=execute_bash <uploaded_files>"),
+                                 *p.turns[1:]]) for p in prompts]
+    settings = GenerationSettings(max_tokens=128, concurrency=4, return_token_ids=True)
+    with tempfile.TemporaryDirectory() as tmp, ToolSim(tokenizer=tokenizer) as server:
+        folder = Path(tmp)
+        outputs = Outputs(folder / "r.jsonl", folder / "s.json", folder / "e.jsonl", folder / "j.jsonl")
+        client = make_client(server.base_url, "sim", settings, None, None)
+
+        async def go():
+            try:
+                return await generate(prompts, client, settings, outputs, max_samples=None, token_budget=None,
+                                      dataset="d")
+            finally:
+                await client.aclose()
+
+        stats = asyncio.run(go())
+        tokenized = tokenize_file(outputs.responses, tokenizer, folder / "t.parquet", folder / "rejects.jsonl", "d",
+                                  TokenizeSettings(max_length=8192))
+        rows = pq.read_table(folder / "t.parquet").to_pylist()
+        supervised = [tokenizer.decode([t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
+                      for r in rows]
+        sent = Counter(m["role"] for body in server.requests for m in body["messages"])
+        print(f"\nOpenHands fixture on Qwen3's template: {len(prompts)} trajectories, {stats['records']} records, "
+              f"{tokenized['rows']} rows, prompt round trip mismatches {tokenized['round_trip']['prompt_mismatched']}; "
+              f"messages sent {dict(sent)}, every request with {len(server.requests[0]['tools'])} tools; rows whose "
+              f"supervised tokens are one call of the model's: {sum(s.count('<tool_call>') == 1 for s in supervised)}, "
+              f"holding the export's markup (<function=) or a result: "
+              f"{sum('<function=' in s or 'EXECUTION RESULT' in s for s in supervised)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trajectories", type=int, default=40)
@@ -195,6 +239,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     reading()
     regeneration(args.trajectories)
+    openhands_on_qwen3()
 
 
 if __name__ == "__main__":
