@@ -21,7 +21,9 @@ def main() -> None:
     for path in map(Path, sm.input.prompts):
         name = path.name.removesuffix(".jsonl")
         prompts = read_prompts(path)
-        prompt_tokens, rows_per_sample = plan.row_prompts(renderer, prompts, cfg["plan"]["prompt_sample"])
+        prompt_tokens, rows_per_sample = plan.row_prompts(renderer, prompts, cfg["plan"]["prompt_sample"],
+                                                          cfg["tokenize"]["tool_rendering"],
+                                                          cfg["tokenize"]["max_length"])
         plans.append(plan.plan_dataset(name, cfg["datasets"][name], prompts, prompt_tokens,
                                        cfg["plan"]["completion_fraction"], JOURNAL_DIR,
                                        cfg["tokenize"]["max_length"], rows_per_sample))

@@ -1,7 +1,9 @@
 """Agent sets in the shapes they are published in (issue 58): Glaive v2, Hermes function-calling v1, xLAM /
-APIGen, SWE-agent trajectories. The fixtures under tests/fixtures/agent_shapes/ are written from each
-dataset's published schema, with its quirks: Glaive's single-quoted arguments, Hermes's Python literals,
-xLAM's Python type names and JSON-string columns."""
+APIGen, SWE-agent trajectories, OpenHands / SWE-Gym exports. The fixtures under tests/fixtures/agent_shapes/ are
+written from each dataset's published schema, with its quirks: Glaive's single-quoted arguments, Hermes's Python
+literals, xLAM's Python type names and JSON-string columns, OpenHands' calls as <function=...> text (a multi-line
+value wrapped in newlines, an array value, a last call cut before </function>), contents as lists of text parts,
+a result as a tool message, a tools field that is a JSON string, the in-context example in the first user turn."""
 
 import json
 
@@ -261,3 +263,72 @@ def test_malformed_rows_of_each_shape_are_rejected_naming_the_field(shape, chang
     assert [(r.row, r.field) for r in result.rejects] == [(1, field)] and reason in result.rejects[0].reason, \
         [str(r) for r in result.rejects]
 
+
+
+def openhands_tools():
+    return json.loads(rows("openhands")[1]["tools"])
+
+
+def test_an_openhands_export_loads_as_a_trajectory_with_its_calls_as_text_and_its_tools():
+    swegym, with_tools, nudge = loaded(FIXTURES / "openhands.jsonl", fmt="openhands")
+    assert all(p.calls == "openhands" for p in (swegym, with_tools, nudge))
+    # SWE-Gym's rows have no tools field: the set gives none here, so the calls stay text
+    assert swegym.tools is None and len(swegym.turns) == 3 and len(swegym.history) == 2
+    assert swegym.history[0].startswith("Let me look at the repository first.\n<function=execute_bash>")
+    assert swegym.turns[1].startswith("EXECUTION RESULT of [execute_bash]:\nAUTHORS.md")
+    assert "You have access to the following functions" in swegym.system  # as published, until generation
+    # the export's own tools field (a JSON string), list-of-parts contents, a result as a tool message
+    assert names(with_tools) == ["execute_bash", "str_replace_editor", "finish"]
+    assert with_tools.turns[1] == "EXECUTION RESULT of [execute_bash]:\nmoto/dynamodb/responses.py:12: " \
+                                  "projection_expression"
+    # the set's tools for rows without their own, the export's own winning where it has them
+    set_tools = [{**t, "function": {**t["function"], "description": "the set's"}} for t in openhands_tools()]
+    given = loaded(FIXTURES / "openhands.jsonl", fmt="openhands", tools=set_tools)
+    assert given[0].tools == set_tools and given[1].tools == with_tools.tools
+    assert given[0].digest != swegym.digest  # the tools its calls are read against are part of the row
+
+
+def test_openhands_calls_read_as_structure_where_the_template_renders_calls():
+    from draftsmith.generation.generate import calls_as_structure, history_messages
+
+    swegym = loaded(FIXTURES / "openhands.jsonl", fmt="openhands", tools=openhands_tools())[0]
+    sent = history_messages(swegym, 2)
+    assert calls_as_structure(swegym, "template") and not calls_as_structure(swegym, "text")
+    assert sent[0]["content"].endswith("</IMPORTANT>")  # the functions' description left to the template
+    assert sent[1]["content"].startswith("<uploaded_files>")  # the in-context example and its suffix left out
+    assert sent[1]["content"].endswith("ProjectionExpression on query.")
+    assert sent[2]["content"] == "Let me look at the repository first."
+    assert [c["function"] for c in sent[2]["tool_calls"] + sent[4]["tool_calls"]] == [
+        {"name": "execute_bash", "arguments": json.dumps({"command": "ls /workspace/getmoto__moto__4.1"})},
+        {"name": "str_replace_editor", "arguments": json.dumps({
+            "command": "view", "path": "/workspace/getmoto__moto__4.1/moto/dynamodb/models/table.py",
+            "view_range": [1, 20]})}]  # the array typed by its schema, the multi-line value without its newlines
+    assert sent[3] == {"role": "tool", "tool_call_id": sent[2]["tool_calls"][0]["id"], "name": "execute_bash",
+                       "content": swegym.turns[1].removeprefix("EXECUTION RESULT of [execute_bash]:\n")}
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    # rendered as text (or without tools), the context is the export's own text
+    as_text = history_messages(swegym, 2, "text")
+    assert [m["content"] for m in as_text] == [swegym.system, swegym.turns[0], swegym.history[0], swegym.turns[1],
+                                               swegym.history[1], swegym.turns[2]]
+    # a plain answer stays text and the nudge after it a user turn
+    nudge = loaded(FIXTURES / "openhands.jsonl", fmt="openhands", tools=openhands_tools())[2]
+    assert [m["role"] for m in history_messages(nudge, 2)] == ["system", "user", "assistant", "user", "assistant",
+                                                              "tool"]
+
+
+def test_openhands_rows_are_refused_under_auto_and_where_their_calls_cannot_be_read(tmp_path):
+    refused = load_prompts(FIXTURES / "openhands.jsonl").rejects
+    assert [r.field for r in refused] == ["messages"] * 3 and all("format: openhands" in r.reason for r in refused)
+    row = rows("openhands")[1]
+    bad_value = json.loads(json.dumps(row))
+    bad_value["messages"][2]["content"][0]["text"] = (
+        "<function=str_replace_editor>\n<parameter=command>view</parameter>\n<parameter=path>/a</parameter>\n"
+        "<parameter=view_range>first lines</parameter>\n</function>")
+    unknown = json.loads(json.dumps(row).replace("<function=execute_bash>", "<function=run_shell>"))
+    broken = {**row, "messages": [*row["messages"][:2], {"role": "assistant", "content": "<function=\n"},
+                                  *row["messages"][3:]]}
+    result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [bad_value, unknown, broken]), fmt="openhands")
+    assert [(r.field, r.reason.split(":")[0].split(" (")[0]) for r in result.rejects] == [
+        ("answer 1", "parameter value 'first lines' is not of its schema's type"),
+        ("answer 1", "calls 'run_shell', not one of the tools"),
+        ("messages[2]", "holds <function= markup that is not <function=NAME>...</function>")]

@@ -350,6 +350,44 @@ def test_a_trajectory_is_answered_turn_by_turn_on_its_own_history(server, tmp_pa
     assert stats["records"] == 4 and stats["trajectories"] == 1 and stats["completion_tokens"] == 5 * 5
 
 
+BASH = {"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def OpenHands(pid):
+    """An OpenHands trajectory whose first action is a call written as text, answered by its EXECUTION RESULT."""
+    return Prompt(pid, [f"{pid}-task", "EXECUTION RESULT of [bash]:\nfile.py", f"{pid}-nudge"], "sys",
+                  [BASH], history=["Looking.\n<function=bash>\n<parameter=command>ls</parameter>\n</function>",
+                                   "Done, I think."], calls="openhands")
+
+
+@pytest.mark.parametrize("rendering", ["template", "text"])
+def test_an_openhands_trajectory_sends_its_calls_as_calls_only_where_the_template_renders_them(server, tmp_path,
+                                                                                             rendering):
+    """Issue 58: with the template rendering calls, the dataset's calls and results go as tool_calls and tool
+    messages with the tools; rendered as text, the export's own text goes and no tools (its system prompt
+    describes them). Either way a turn's record keys on the prompt's digest, so a rerun resends nothing."""
+    settings = GenerationSettings(concurrency=1, request_timeout_s=1.0, connect_timeout_s=1.0,
+                                  max_error_fraction=1.0, tool_rendering=rendering)
+    prompt = OpenHands("o")
+    run(server, [prompt], tmp_path, settings=settings)
+    last = server.requests[-1]
+    if rendering == "template":
+        assert last["tools"] == [BASH]
+        assert [m["role"] for m in last["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+        assert last["messages"][2]["tool_calls"][0]["function"] == {"name": "bash", "arguments": '{"command": "ls"}'}
+        assert last["messages"][3]["content"] == "file.py"
+    else:
+        assert "tools" not in last and [m["content"] for m in last["messages"][2:4]] == [prompt.history[0],
+                                                                                         prompt.turns[1]]
+    got = read(tmp_path / "out.jsonl")
+    assert [r["id"] for r in got] == ["o#0", "o#1", "o#2"] and {r["prompt_hash"] for r in got} == {prompt.digest}
+    assert all(("tools" in r) == (rendering == "template") for r in got)
+    sent = len(server.requests)
+    run(server, [prompt], tmp_path, settings=settings)
+    assert len(server.requests) == sent
+
+
 def test_max_samples_and_the_budget_count_trajectories_and_every_turns_tokens(server, tmp_path):
     stats = run(server, [Traj(f"t{i}", 3) for i in range(4)], tmp_path, max_samples=2)
     assert stats["trajectories"] == 2 and stats["records"] == 6

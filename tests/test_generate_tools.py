@@ -677,3 +677,32 @@ def test_execute_on_a_set_without_environments_is_refused_before_any_request(sim
                                                r"none \(first: p\); set cut or by_name"):
         run(sim, [T("p", ["calls=a"], [[[result("a")]]])], tmp_path, unmatched_calls="execute")
     assert not sim.requests
+
+
+def test_an_openhands_trajectory_tokenizes_with_only_the_models_own_call_supervised(tmp_path):
+    """Issue 58: an OpenHands trajectory's turn, its dataset's calls and results sent as structure, is a row the
+    template renders with its tools, the model's call its only supervised tokens (never the dataset's action or
+    its result), and the prompt the server counted is the row's."""
+    from transformers import AutoTokenizer
+
+    if not (QWEN3_TOKENIZER / "tokenizer.json").is_file():
+        pytest.skip(f"{QWEN3_TOKENIZER} is missing: run envs/test-assets.sh")
+    tokenizer = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+    bash = {"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    trajectory = Prompt("o", ["fix it calls=bash,bash,bash:command=pytest", "EXECUTION RESULT of [bash]:\nfile.py",
+                              "EXECUTION RESULT of [bash]:\nsaved-result"], "sys", [bash],
+                        history=["Looking.\n<function=bash>\n<parameter=command>ls</parameter>\n</function>",
+                                 "<function=bash>\n<parameter=command>\nsed -i s/a/b/ file.py\n</parameter>\n"],
+                        calls="openhands")
+    with ToolSim(tokenizer=tokenizer) as sim:
+        run(sim, [trajectory], tmp_path)
+    assert [len(r["messages"]) for r in records(tmp_path).values()] == [3, 5, 7]
+    settings = TokenizeSettings(max_prompt_mismatch_fraction=0.0, max_answer_mismatch_fraction=0.0)
+    stats = tokenize_file(tmp_path / "out.jsonl", tokenizer, tmp_path / "t.parquet", tmp_path / "rejects.jsonl", "d",
+                          settings)
+    assert stats["rows"] == 3 and stats["round_trip"]["prompt_mismatched"] == 0
+    for row in pq.read_table(tmp_path / "t.parquet").to_pylist():
+        supervised = tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+        assert supervised.count('"name": "bash"') == 1 and "Looking" not in supervised and "sed -i" not in supervised
+        assert "file.py" not in supervised and "saved-result" not in supervised

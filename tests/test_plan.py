@@ -184,6 +184,11 @@ def test_a_trajectory_set_is_planned_a_row_per_turn_each_with_its_own_prefix(tmp
     contexts = [[{"role": "system", "content": "sys"}, *spoken[:n]] for n in (1, 3, 5)]  # the dataset's, to each turn
     prefixes = [len(renderer.ids(renderer.text(messages, True))) for messages in contexts]
     assert plan.row_prompts(renderer, [trajectory], 10) == (pytest.approx(sum(prefixes) / 3), 3.0)
+    # generation ends a trajectory at its first turn whose prefix leaves no answer token within max_length: the
+    # plan counted every turn, a 40-trajectory SWE-agent set at 13.4 rows each where 1.8 were sent (benchmarks)
+    assert plan.row_prompts(renderer, [trajectory], 10, max_length=prefixes[2]) == (
+        pytest.approx(sum(prefixes[:2]) / 2), 2.0)
+    assert plan.row_prompts(renderer, [chat], 10, max_length=2) == (first, 1.0)  # a chat row is cut, not dropped
     config = kimi_config(tmp_path)
     entry = {**config["datasets"]["regenerated"], "token_budget": 3_000_000, "max_samples": None}
     ds = plan.plan_dataset("agent", entry, [trajectory] * 5000, 2000, 0.5, tmp_path / "none", 10240, rows_per_sample=3)
@@ -194,3 +199,24 @@ def test_a_trajectory_set_is_planned_a_row_per_turn_each_with_its_own_prefix(tmp
     assert data["rows"] == pytest.approx(ds.rows)
     assert "agent: trajectories of 3.0 turns, each turn a row holding its own prefix of ~2,000 prompt tokens: " \
            "0.5 prompt tokens per supervised token." in markdown
+
+
+def test_an_openhands_trajectory_is_planned_as_generation_sends_it(tokenizer):
+    """Issue 58: where the template renders calls, an OpenHands turn's prefix is its calls as structure with the
+    tools (no functions' description in the system prompt); under tool_rendering: text, the export's own text."""
+    from draftsmith.data.chat import Renderer, prepare_messages
+    from draftsmith.generation.generate import history_messages
+
+    renderer = Renderer(tokenizer)
+    bash = {"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    described = "sys\nYou have access to the following functions:\n" + "bash runs a command. " * 50
+    trajectory = Prompt("o", ["task", "EXECUTION RESULT of [bash]:\nfile.py"], described, [bash],
+                        history=["<function=bash>\n<parameter=command>ls</parameter>\n</function>"], calls="openhands")
+    with_tools = renderer.with_tools([bash])
+    structured = [len(with_tools.ids(with_tools.text(prepare_messages(history_messages(trajectory, k), "template"),
+                                                     True))) for k in range(2)]
+    as_text = [len(renderer.ids(renderer.text(history_messages(trajectory, k, "text"), True))) for k in range(2)]
+    assert plan.row_prompts(renderer, [trajectory], 10) == (pytest.approx(sum(structured) / 2), 2.0)
+    assert plan.row_prompts(renderer, [trajectory], 10, "text") == (pytest.approx(sum(as_text) / 2), 2.0)
+    assert sum(as_text) > sum(structured)  # the description of 50 sentences is the text prefix's alone

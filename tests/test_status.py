@@ -56,6 +56,33 @@ def test_a_journal_is_read_incrementally(run_dir, monkeypatch):
     assert next(d for d in status.collect(config).datasets if d.name == "everyday").answered == 22
 
 
+def turn(trajectory, k, tokens=10, state="ok"):
+    return json.dumps({"format": 2, "id": f"{trajectory}#{k}", "trajectory": trajectory, "turn": k, "status": state,
+                       "usage": {"completion_tokens": tokens}}) + "\n"
+
+
+def test_a_trajectory_set_counts_trajectories_and_every_turns_tokens(run_dir):
+    """Issue 58: a trajectory's turns are records of their own, but the set's progress is in trajectories, as
+    max_samples counts them (one ended at the context counts; one whose first turn did not fit is dropped),
+    and its tokens every turn's, as the budget counts them."""
+    journal = run_dir / "results/responses/.journal/everyday-0123456789ab.jsonl"
+    journal.write_text(turn("t0", 0) + turn("t0", 1) + turn("t0", 2) + turn("t1", 0, tokens=7)
+                       + turn("t1", 1, state="dropped_context") + turn("t2", 0, state="dropped_context"))
+    everyday = next(d for d in status.collect(from_snakemake_args([], REPO)).datasets if d.name == "everyday")
+    assert (everyday.answered, everyday.dropped, everyday.completion_tokens) == (2, 1, 37)
+
+
+def test_a_status_cache_from_before_trajectories_were_counted_is_read_again(run_dir):
+    config = from_snakemake_args([], REPO)
+    status.collect(config)
+    cache = json.loads((run_dir / ".snakemake/draftsmith-status.json").read_text())
+    journal_key = next(iter(cache["journals"]))
+    cache["journals"][journal_key] = {"offset": cache["journals"][journal_key]["offset"],
+                                      "latest": {"p0": [True, 10]}}
+    (run_dir / ".snakemake/draftsmith-status.json").write_text(json.dumps(cache))
+    assert next(d for d in status.collect(config).datasets if d.name == "everyday").answered == 20
+
+
 def test_hidden_states_and_training_progress(run_dir):
     folder = run_dir / "results/hidden_states/everyday"
     folder.mkdir(parents=True)

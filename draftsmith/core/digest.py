@@ -30,12 +30,16 @@ def file_sha256(path: Path) -> str:
 
 def prompt_digest(turns: list[str], system: str | None, tools: list[dict] | None = None,
                   tool_steps: list[list[list[dict]]] | None = None, open_end: bool = False,
-                  history: list[str] | None = None, environment: dict | None = None) -> str:
+                  history: list[str] | None = None, environment: dict | None = None,
+                  calls: str | None = None) -> str:
     """Digest of a prompt's content: a changed prompt gets a new answer even if its id stays. A row
     with tools is keyed on its tools, its tool results (with their calls' arguments) and whether its
     data stops at a call; a row without keeps the digest it had before tools were read, so no finished
-    journal is answered again. A row answered on its own history is keyed on the dataset's answers too, a row
-    with an environment (BFCL multi-turn) on it too."""
+    journal is answered again. A row answered on its own history is keyed on the dataset's answers too, and one
+    whose answers write calls as text (``calls``) on that markup and the tools the calls are read against; a
+    row with an environment (BFCL multi-turn) on it too."""
+    if calls is not None:
+        return json_digest(["history", system, turns, history, tools, calls])
     if history is not None:
         return json_digest(["history", system, turns, history])
     if tools is None and tool_steps is None:

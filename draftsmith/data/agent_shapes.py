@@ -17,6 +17,12 @@ here, pairing and validation of calls there, so each stays one owner's.
 - ``sweagent`` (nebius/SWE-agent-trajectories): a ``trajectory`` of ``system`` / ``user`` / ``ai`` turns with
   ``text``, the observations user turns, the actions commands in the ``ai`` text (kept as text). Regenerated on
   its own history (:attr:`draftsmith.data.datasets.Prompt.history`): each action on the context it had.
+- ``openhands`` (SWE-Gym/OpenHands-SFT-Trajectories and other OpenHands exports made for models without function
+  calling): OpenAI ``messages`` whose calls are text in the assistant content, ``<function=NAME>`` /
+  ``<parameter=KEY>VALUE</parameter>`` / ``</function>``, each result a user turn ``EXECUTION RESULT of [NAME]:``
+  (a ``tool`` message, where an export has one, is read as that turn), the functions described in the system
+  prompt. A trajectory too: read as its text here; :func:`openhands_messages` reads its calls and results as
+  structure where the target's template renders them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-SHAPES = ("glaive", "hermes", "xlam", "sweagent")
+SHAPES = ("glaive", "hermes", "xlam", "sweagent", "openhands")
 HERMES_MARKUP = ("<tools>", "<tool_call>")
 
 
@@ -82,6 +88,21 @@ def hermes_markup(messages: Any) -> bool:
         for m in messages)
 
 
+def openhands_markup(messages: Any) -> bool:
+    """Whether OpenAI messages hold OpenHands calls as text (``<function=NAME>`` in an assistant turn)."""
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") == "assistant" and _OH_CALL.search(_plain(m.get("content")))
+        for m in messages)
+
+
+def _plain(content: Any) -> str:
+    """A message's text for a search (its parts joined; nothing where it is neither)."""
+    try:
+        return _openhands_text(content, "")
+    except BadShape:
+        return ""
+
+
 def read(row: dict, shape: str) -> Shape:
     if shape == "glaive":
         return glaive(row)
@@ -91,6 +112,8 @@ def read(row: dict, shape: str) -> Shape:
         return xlam(row)
     if shape == "sweagent":
         return sweagent(row)
+    if shape == "openhands":
+        return openhands(row)
     raise ValueError(f"unknown shape {shape!r}")
 
 
@@ -121,6 +144,121 @@ def sweagent(row: dict) -> Shape:
         else:
             turns.append(Turn(role, where, text))
     return Shape(turns, system, None)
+
+
+# ---------------------------------------------------------------- OpenHands
+
+# OpenHands' fn_call_converter: the calls' markup, a result's header, what it adds to the system prompt and to the
+# first user turn (an in-context example) for a model without function calling
+_OH_CALL = re.compile(r"<function=([^>\n]+)>\n?(.*?)(?:</function>|\Z)", re.S)
+_OH_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+_OH_RESULT = re.compile(r"EXECUTION RESULT of \[([^\]\n]+)\]:\n?")
+_OH_FUNCTIONS = "\nYou have access to the following functions:"
+_OH_EXAMPLE_END = "--------------------- NEW TASK DESCRIPTION ---------------------\n"
+_OH_EXAMPLE_START = "Here's a running example of how to perform a task with the provided tools."
+_OH_TASK_END = "\n--------------------- END OF NEW TASK DESCRIPTION ---------------------"
+OPENHANDS_ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+def openhands(row: dict) -> Shape:
+    """The export as text turns: results (``tool`` messages too) as ``EXECUTION RESULT of [NAME]:`` user turns,
+    calls as the assistant wrote them; each call's markup checked here, so a row that cannot be read as calls is
+    refused at load, not at generation. Tools: the export's ``tools`` field where it has one."""
+    messages = row.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadShape("messages", "expected a non-empty list of {role, content} messages")
+    system, turns = None, []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        role = OPENHANDS_ROLES.get(msg.get("role")) if isinstance(msg, dict) else None
+        if role is None:
+            raise BadShape(f"{where}.role", f"expected one of {', '.join(OPENHANDS_ROLES)}")
+        text = _openhands_text(msg.get("content"), f"{where}.content")
+        if role == "system" and (i or system is not None):
+            raise BadShape(where, "a system turn after the first turn")
+        if role == "system":
+            system = text
+        elif role == "tool":
+            turns.append(Turn("user", where, f"EXECUTION RESULT of [{msg.get('name') or 'tool'}]:\n{text}"))
+        else:
+            if role == "assistant":
+                openhands_calls(text, where)
+            turns.append(Turn(role, where, text))
+    return Shape(turns, system, row.get("tools"))
+
+
+def _openhands_text(content: Any, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts (joined by
+    newlines, as OpenHands serialises them)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    raise BadShape(where, "missing" if content is None else "expected a string or a list of text parts")
+
+
+def openhands_calls(text: str, where: str, tools: list[dict] | None = None) -> tuple[str, list[dict]]:
+    """An assistant turn's text before its calls, and the calls (``{"name", "arguments"}``): each parameter's
+    value as written (one newline either side dropped: OpenHands wraps multi-line values in them), read as
+    JSON where the function's schema (``tools``) types it otherwise than as a string. A call cut before its
+    ``</function>`` (the stop word OpenHands sends) is read to the end of the text."""
+    calls, schemas = [], {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools or []}
+    for name, body in _OH_CALL.findall(text):
+        types = {k: v.get("type") for k, v in (schemas.get(name, {}).get("properties") or {}).items()}
+        arguments = {}
+        for key, value in _OH_PARAM.findall(body):
+            value = value.removeprefix("\n").removesuffix("\n")
+            arguments[key] = value if types.get(key, "string") == "string" else _typed(value, where)
+        calls.append({"name": name.strip(), "arguments": arguments})
+    if "<function=" in text and not calls:
+        raise BadShape(where, "holds <function= markup that is not <function=NAME>...</function>")
+    return text.split("<function=", 1)[0].strip(), calls
+
+
+def _typed(value: str, where: str) -> Any:
+    """A parameter value its schema types as a number, boolean, array or object (``true``, ``[1, 20]``)."""
+    typed = _literal(value.strip())
+    if typed is None and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if typed is None:
+        raise BadShape(where, f"parameter value {value[:40]!r} is not of its schema's type")
+    return typed
+
+
+def openhands_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """A trajectory's context with its calls and results as structure, for a template that renders calls: the
+    system prompt without the functions' description OpenHands appended (the template writes the tools), the
+    first user turn without the in-context example, each assistant turn's calls as ``tool_calls`` answered by
+    the next turn's ``EXECUTION RESULT`` as a ``tool`` message. A call whose next turn is not its result stays
+    text, as does an assistant turn without calls."""
+    out: list[dict] = []
+    first_user = True
+    for j, msg in enumerate(messages):
+        role, text = msg["role"], msg["content"]
+        if role == "system":
+            out.append({"role": "system", "content": text.split(_OH_FUNCTIONS, 1)[0].rstrip()})
+        elif role == "user" and first_user:
+            first_user = False
+            if _OH_EXAMPLE_START in text and _OH_EXAMPLE_END in text:
+                text = text.split(_OH_EXAMPLE_END, 1)[1].split(_OH_TASK_END, 1)[0]
+            out.append({"role": "user", "content": text})
+        elif role == "assistant":
+            nxt = messages[j + 1]["content"] if j + 1 < len(messages) else ""
+            said, calls = openhands_calls(text, f"messages[{j}]", tools)
+            result = _OH_RESULT.match(nxt)
+            if len(calls) == 1 and result and result[1] == calls[0]["name"]:
+                out.append({"role": "assistant", "content": said, "tool_calls": [
+                    {"id": f"call_{j}", "type": "function",
+                     "function": {"name": calls[0]["name"], "arguments": json.dumps(calls[0]["arguments"])}}]})
+            else:
+                out.append(dict(msg))
+        elif role == "user" and out and out[-1].get("tool_calls"):
+            call = out[-1]["tool_calls"][0]
+            out.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                        "content": _OH_RESULT.sub("", text, count=1)})
+        else:
+            out.append(dict(msg))
+    return out
 
 
 # ---------------------------------------------------------------- Glaive

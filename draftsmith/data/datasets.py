@@ -19,12 +19,17 @@ answers; their results, each with its call's name and arguments, are kept as :at
 for generation to pair with the model's own calls. A row with calls and no tools is refused, unless the set
 gives its tools (``datasets.<name>.tools``): generation would send none.
 
-Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``, ``sweagent``; detected
-under ``auto`` where their keys leave no doubt) are read by :mod:`draftsmith.data.agent_shapes` and paired here.
+Agent sets in the shapes they are published in (``format: glaive``, ``hermes``, ``xlam``, ``sweagent``,
+``openhands``; detected under ``auto`` where their keys leave no doubt) are read by
+:mod:`draftsmith.data.agent_shapes` and paired here.
 
-Trajectories regenerated on their own history (``generation.history: dataset``, the default of ``sweagent``): the
+Trajectories regenerated on their own history (``generation.history: dataset``, the default of ``sweagent`` and
+``openhands``): the
 row keeps the dataset's assistant turns (:attr:`Prompt.history`), so that each turn is answered on the context it
-had. Such a row alternates user and assistant turns and has no tool calls: its actions stay text.
+had. Such a row alternates user and assistant turns and has no tool calls: its actions stay text. An OpenHands
+export's actions are calls written as text (``<function=...>``): its row keeps them so (:attr:`Prompt.calls`) with
+the tools, the export's own ``tools`` where it has them, else the set's; generation reads them as calls where the
+target's template renders calls.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ def generation_tool_params(config: dict, workloads: list[str]) -> dict[str, Any]
 ADDED_GENERATION = {"unmatched_calls": None, "history": None}
 # The shapes answered on the dataset's history whatever the set says: a trajectory's observations belong to its own
 # actions, so answering them after the model's would be a conversation that never happened.
-SHAPE_HISTORY = {"sweagent": "dataset"}
+SHAPE_HISTORY = {"sweagent": "dataset", "openhands": "dataset"}
 
 
 def entry_params(entry: dict) -> dict[str, Any]:
@@ -138,6 +143,9 @@ class Prompt:
     ``history``: the dataset's assistant turns, ``history[k]`` its answer to ``turns[k]``, for a row whose turns
     are each answered on the dataset's conversation up to them (``generation.history: dataset``): one fewer than
     the turns, as the last turn's answer is the model's. None: each turn is answered on the model's own history.
+    ``calls``: the markup the dataset's answers write their calls in (``openhands``), read as calls and their
+    results where the target's template renders calls (:func:`draftsmith.data.agent_shapes.openhands_messages`);
+    None: the answers are text.
     """
 
     id: str
@@ -148,11 +156,12 @@ class Prompt:
     open_end: bool = False
     history: list[str] | None = None
     environment: dict | None = None
+    calls: str | None = None
 
     @property
     def digest(self) -> str:
         return prompt_digest(self.turns, self.system, self.tools, self.tool_steps, self.open_end, self.history,
-                             self.environment)
+                             self.environment, self.calls)
 
 
 @dataclass(frozen=True)
@@ -264,7 +273,7 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
                                          "only a training dataset does: the evaluation grid does not run trajectory "
                                          "sets")
     if (history or SHAPE_HISTORY.get(fmt)) == "dataset":
-        parsed = _history_prompt(row, fmt, prompt_field)
+        parsed = _history_prompt(row, fmt, prompt_field, set_tools)
     elif fmt in agent_shapes.SHAPES:
         parsed = _shape_prompt(row, fmt)
     elif fmt in ("prompt", "turns"):
@@ -290,18 +299,23 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
 
 
 # Where a shape's user text sits, for a reject that names the field
-SHAPE_TEXT_FIELDS = {"glaive": "chat", "hermes": "conversations", "xlam": "query", "sweagent": "trajectory"}
+SHAPE_TEXT_FIELDS = {"glaive": "chat", "hermes": "conversations", "xlam": "query", "sweagent": "trajectory",
+                     "openhands": "messages"}
 
 
 def _detected_format(row: dict, prompt_field: str) -> str:
     """``format: auto``: the chat shapes by their keys, then a published agent shape where its keys leave no
     doubt and the row has no prompt column (an explicit ``prompt_field`` wins), else the prompt column. A
     ShareGPT row holding Hermes markup is refused rather than read either way silently: as chat it would lose
-    its tools, and read as Hermes a set loaded before would change its digests."""
+    its tools, and read as Hermes a set loaded before would change its digests. So is an OpenAI row holding
+    OpenHands' ``<function=`` calls (as chat, its actions would be answered on the model's own history)."""
     fmt = next((f for f in ("messages", "conversations", "turns") if f in row), None)
     if fmt == "conversations" and agent_shapes.hermes_markup(row["conversations"]):
         raise _BadField("conversations", "holds Hermes tool markup (<tools> / <tool_call> text): set format: hermes "
                                          "to read its tools and calls, or format: conversations to read it as chat")
+    if fmt == "messages" and agent_shapes.openhands_markup(row["messages"]):
+        raise _BadField("messages", "holds OpenHands calls as text (<function=...>): set format: openhands to "
+                                    "regenerate it on its own history, or format: messages to read it as chat")
     if fmt is None and prompt_field not in row:
         fmt = agent_shapes.detect(row)
     return fmt or "prompt"
@@ -337,10 +351,11 @@ def _shape_prompt(row: dict, shape: str) -> Prompt:
     return Prompt("", turns, read.system, tools, tool_steps, tool_steps is not None and steps.open_end)
 
 
-def _history_prompt(row: dict, fmt: str, prompt_field: str) -> Prompt:
+def _history_prompt(row: dict, fmt: str, prompt_field: str, set_tools: list[dict] | None = None) -> Prompt:
     """A row whose turns are each answered on the dataset's conversation up to them: its user turns and the
     dataset's assistant turns, alternating from a user turn. The dataset's last answer is not kept: the model
-    gives its own. Tool calls are refused (a trajectory's actions are text)."""
+    gives its own. Tool calls are refused (a trajectory's actions are text), but for an OpenHands export's,
+    which are text until generation reads them (:func:`_openhands_prompt`)."""
     if fmt in agent_shapes.SHAPES:
         try:
             read = agent_shapes.read(row, fmt)
@@ -367,7 +382,29 @@ def _history_prompt(row: dict, fmt: str, prompt_field: str) -> Prompt:
             history.append(text)
     if not turns:
         raise _BadField(fmt, "no user message")
-    return Prompt("", turns, system, history=history[: len(turns) - 1])
+    parsed = Prompt("", turns, system, history=history[: len(turns) - 1])
+    return _openhands_prompt(parsed, read, set_tools) if fmt == "openhands" else parsed
+
+
+def _openhands_prompt(parsed: Prompt, read: agent_shapes.Shape, set_tools: list[dict] | None) -> Prompt:
+    """An OpenHands trajectory with its tools: the export's ``tools`` where it has them (the functions it was
+    given, as structure), else the set's (``datasets.<name>.tools``); neither leaves its calls text, as a
+    target without a template that renders calls reads them. Each call is checked against its function's
+    schema, so that generation reads every call it is sent."""
+    try:
+        tools = _tools(read.tools) or set_tools
+    except _BadField as bad:
+        raise _BadField(f"tools ({bad.field_name})" if bad.field_name != "tools" else "tools", bad.reason) from None
+    names = {t["function"]["name"] for t in tools or []}
+    for k, answer in enumerate(parsed.history):
+        try:
+            _, calls = agent_shapes.openhands_calls(answer, f"history[{k}]", tools)
+        except agent_shapes.BadShape as bad:
+            raise _BadField(f"answer {k + 1}", bad.reason) from None
+        unknown = [c["name"] for c in calls if tools and c["name"] not in names]
+        if unknown:
+            raise _BadField(f"answer {k + 1}", f"calls {unknown[0]!r}, not one of the tools ({', '.join(names)})")
+    return replace(parsed, tools=tools, calls="openhands")
 
 
 def _spoken(row: dict, fmt: str) -> tuple[str | None, list[tuple[str, Any, str]]]:
@@ -730,10 +767,12 @@ def _prompt_row(prompt: Prompt) -> dict:
         row["history"] = prompt.history
     if prompt.environment is not None:
         row["environment"] = prompt.environment
+    if prompt.calls:
+        row["calls"] = prompt.calls
     return row
 
 
 def read_prompts(path: Path) -> list[Prompt]:
     return [Prompt(row["id"], row["turns"], row.get("system"), row.get("tools"), row.get("tool_steps"),
-                   row.get("open_end", False), row.get("history"), row.get("environment"))
-            for _, row in jsonl.read(path)]
+                   row.get("open_end", False), row.get("history"), row.get("environment"),
+                   row.get("calls")) for _, row in jsonl.read(path)]

@@ -79,7 +79,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ from tqdm import tqdm
 from draftsmith.core import jsonl
 from draftsmith.core.atomic import write_json, write_jsonl
 from draftsmith.core.digest import ids_digest, json_digest
-from draftsmith.data import bfcl
+from draftsmith.data import agent_shapes, bfcl
 from draftsmith.data.chat import (
     Renderer,
     history_reasoning,
@@ -770,14 +770,24 @@ def _journal(record: dict, journal: Journal, run: _Run, bar: tqdm) -> None:
                     tok_s=f"{run.tokens_this_run / elapsed:.0f}", refresh=False)
 
 
-def history_messages(prompt: Prompt, k: int) -> list[dict]:
-    """The context of a trajectory's turn ``k``: the dataset's conversation up to that user turn."""
+def history_messages(prompt: Prompt, k: int, tool_rendering: str = "template") -> list[dict]:
+    """The context of a trajectory's turn ``k``: the dataset's conversation up to that user turn; an OpenHands
+    trajectory's calls and results as structure where the template renders calls (:func:`calls_as_structure`)."""
     messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
     for j, turn in enumerate(prompt.turns[: k + 1]):
         messages.append({"role": "user", "content": turn})
         if j < k:
             messages.append({"role": "assistant", "content": prompt.history[j]})
+    if calls_as_structure(prompt, tool_rendering):
+        return agent_shapes.openhands_messages(messages, prompt.tools)
     return messages
+
+
+def calls_as_structure(prompt: Prompt, tool_rendering: str) -> bool:
+    """Whether a trajectory's calls written as text are sent as calls, with its tools: where it has tools and
+    the template renders calls. Otherwise they stay the text the system prompt describes, and no tools are
+    sent (``tool_rendering: text`` would describe them a second time)."""
+    return prompt.calls == "openhands" and bool(prompt.tools) and tool_rendering == "template"
 
 
 async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSettings, journal: Journal, run: _Run,
@@ -786,18 +796,20 @@ async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSe
     not fit ends it (journaled as ``dropped_context``), a failed one stops it until the next run."""
     ok = [r for r in _turn_records(run.done, prompt) if r["status"] == "ok"]
     first = len(_turn_records(run.done, prompt))
+    sent = prompt if calls_as_structure(prompt, settings.tool_rendering) else replace(prompt, tools=None)
     for k in range(first, len(prompt.turns)):
         if k > first and limits and limits.token_budget is not None and run.completion_tokens >= limits.token_budget:
             break  # the budget is spent: no further turn (those answered are rows; a larger budget resumes here)
         begun = time.monotonic()
-        conv = _Conversation(history_messages(prompt, k))
+        conv = _Conversation(history_messages(prompt, k, settings.tool_rendering))
         body = settings.request_body()
         try:
             # the turn's row is its prefix and its answer, cut at the context (for these rows tokenize.max_length):
             # an answer past it would be generated and cut away, so none is asked for
-            room = context.answer_room(conv.messages, None, body["max_tokens"]) if context else body["max_tokens"]
+            room = (context.answer_room(conv.messages, sent.tools, body["max_tokens"]) if context
+                    else body["max_tokens"])
             body = body if room >= body["max_tokens"] else {**body, "max_tokens": room}
-            result = await ask(client, conv.messages, prompt, body, settings.tool_rendering) if room else None
+            result = await ask(client, conv.messages, sent, body, settings.tool_rendering) if room else None
         except RequestFailed as failed:  # a template that cannot render the turn is that turn's error too
             _failed(run, turn_id(prompt.id, k), failed)
             return
@@ -805,7 +817,7 @@ async def _trajectory(prompt: Prompt, client: ChatClient, settings: GenerationSe
             run.cost += result.cost or 0.0
             conv.messages.append(assistant_message(result, False))
             conv.turns.append(_turn_record(result))
-        record = _record(prompt, conv, settings, round(time.monotonic() - begun, 3))
+        record = _record(sent, conv, settings, round(time.monotonic() - begun, 3)) | {"prompt_hash": prompt.digest}
         record |= {"id": turn_id(prompt.id, k), "trajectory": prompt.id, "turn": k}
         if conv.turns:
             record["supervise"] = "last"

@@ -19,10 +19,11 @@ from pathlib import Path
 from draftsmith.config.target import Facts
 from draftsmith.core import jsonl, platform
 from draftsmith.core.units import TB, human_bytes
+from draftsmith.data.chat import prepare_messages
 from draftsmith.data.merge import MIN_VALIDATION_PROMPTS, validation_prompts
 from draftsmith.evaluation import methods
 from draftsmith.evaluation.evaluate import requests_for
-from draftsmith.generation.generate import history_messages, journals_of
+from draftsmith.generation.generate import calls_as_structure, history_messages, journals_of
 from draftsmith.training import families, replay
 
 BYTES_PER_VALUE = 2  # bf16
@@ -68,16 +69,26 @@ def journal_mean(journal_dir: Path, dataset: str) -> tuple[float, int] | None:
     return (statistics.fmean(lengths), len(lengths)) if lengths else None
 
 
-def row_prompts(renderer, prompts: list, sample: int) -> tuple[float, float]:
+def row_prompts(renderer, prompts: list, sample: int, tool_rendering: str = "template",
+                max_length: int | None = None) -> tuple[float, float]:
     """Mean tokens of a row's prompt as the server renders it, and rows per sample, over the first ``sample``
     prompts. A chat prompt: its first turn, one row. A trajectory: every turn's prefix (the dataset's
-    conversation up to it), a row each, so its prompt tokens are paid once per turn."""
+    conversation up to it, an OpenHands one's calls as generation sends them: ``tool_rendering``), a row each,
+    so its prompt tokens are paid once per turn, up to the first turn whose prefix leaves no answer token within
+    ``max_length``: generation ends the trajectory there (its later turns are longer still)."""
     lengths, rows = [], []
     for prompt in prompts[:sample]:
-        contexts = ([history_messages(prompt, k) for k in range(len(prompt.turns))] if prompt.history is not None
-                    else [[{"role": "user", "content": prompt.turns[0]}]])
-        lengths += [len(renderer.ids(renderer.text(messages, True))) for messages in contexts]
-        rows.append(len(contexts))
+        contexts = ([history_messages(prompt, k, tool_rendering) for k in range(len(prompt.turns))]
+                    if prompt.history is not None else [[{"role": "user", "content": prompt.turns[0]}]])
+        rendering = renderer.with_tools(prompt.tools) if calls_as_structure(prompt, tool_rendering) else renderer
+        sent = []
+        for messages in contexts:
+            sent.append(len(rendering.ids(rendering.text(prepare_messages(messages, "template"), True))))
+            if prompt.history is not None and max_length and sent[-1] >= max_length:
+                sent.pop()
+                break
+        lengths += sent
+        rows.append(len(sent))
     return (statistics.fmean(lengths), statistics.fmean(rows)) if lengths else (0.0, 1.0)
 
 

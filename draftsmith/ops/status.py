@@ -39,24 +39,33 @@ FINAL = ("results/drafter/final.safetensors", "results/drafter/README.md", "resu
 
 @dataclass
 class JournalCount:
-    """One journal read up to ``offset`` (a line cut by a kill is left for the next call): per prompt id
+    """One journal read up to ``offset`` (a line cut by a kill is left for the next call): per record id
     its latest outcome, as generation's resume reads it. A prompt retried after a failure, or answered
-    again after an edit, has several lines and counts once."""
+    again after an edit, has several lines and counts once. A trajectory's turns (records ``{id}#{k}``) count
+    as one answer, as ``max_samples`` counts them, and every turn's tokens, as the budget counts them."""
 
     offset: int = 0
-    latest: dict[str, list] = field(default_factory=dict)  # id -> [answered, completion tokens]
+    outcomes: dict[str, list] = field(default_factory=dict)  # record id -> [answered, completion tokens, prompt id]
+
+    def _answered_prompts(self) -> dict[str, bool]:
+        """Per prompt (a trajectory's turns under its id): whether any of its records is an answer."""
+        prompts: dict[str, bool] = {}
+        for ok, _, prompt_id in self.outcomes.values():
+            prompts[prompt_id] = prompts.get(prompt_id, False) or ok
+        return prompts
 
     @property
     def answered(self) -> int:
-        return sum(ok for ok, _ in self.latest.values())
+        return sum(self._answered_prompts().values())
 
     @property
     def dropped(self) -> int:
-        return len(self.latest) - self.answered
+        prompts = self._answered_prompts()
+        return len(prompts) - sum(prompts.values())
 
     @property
     def completion_tokens(self) -> int:
-        return sum(tokens for ok, tokens in self.latest.values() if ok)
+        return sum(tokens for ok, tokens, _ in self.outcomes.values() if ok)
 
 
 def count_journal(path: Path, cached: JournalCount | None) -> JournalCount:
@@ -66,8 +75,9 @@ def count_journal(path: Path, cached: JournalCount | None) -> JournalCount:
         chunk = fh.read()
     complete = chunk[: chunk.rfind(b"\n") + 1]
     for record in jsonl.parse_appended(complete, path, count.offset):
-        count.latest[record["id"]] = [record.get("status") == "ok",
-                                      (record.get("usage") or {}).get("completion_tokens", 0)]
+        count.outcomes[record["id"]] = [record.get("status") == "ok",
+                                        (record.get("usage") or {}).get("completion_tokens", 0),
+                                        record.get("trajectory", record["id"])]
     count.offset += len(complete)
     return count
 
@@ -128,7 +138,8 @@ def dataset_status(name: str, entry: dict, cache: dict) -> DatasetStatus:
     journals = sorted(journals_of(JOURNAL_DIR, name), key=lambda p: p.stat().st_mtime)
     if journals:  # the newest settings; older journals belong to earlier settings
         cached = cache.get("journals", {}).get(str(journals[-1]))
-        counted = count_journal(journals[-1], JournalCount(**cached) if cached and "latest" in cached else None)
+        # a cache written before trajectories were counted (its "latest") is read again from the start, once
+        counted = count_journal(journals[-1], JournalCount(**cached) if cached and "outcomes" in cached else None)
         cache.setdefault("journals", {})[str(journals[-1])] = asdict(counted)
         st.answered, st.dropped, st.completion_tokens = counted.answered, counted.dropped, counted.completion_tokens
     stats = Path(f"results/responses/{name}.stats.json")
