@@ -193,3 +193,29 @@ def test_a_cpu_projects_commands_carry_none_of_the_flags_its_machine_added():
     text = card(card_inputs(results, serving=records.serving(results), served_flags=flags))
     for args in commands(text):
         assert args[3:] == ["--max-model-len", "2048"] or args[5:] == ["--max-model-len", "2048"], args
+
+
+def test_the_pages_format_the_recorded_bands_and_first_settings_and_decide_neither():
+    """The card drew its bands from the schedule's ranges and chose the setting to serve before the drafter
+    itself, each time it rendered: the schedule now records its bands (``serving.json`` carries them) and the
+    pick the setting each band serves first, and the card formats those records."""
+    from draftsmith.evaluation import pick
+
+    results = records.results()
+    served = records.serving(results)
+    plan = served["schedule"]
+    assert plan["bands"] == results["schedule"]["bands"]
+    older = schedule.bands(records.finished_before(results, served, records.GATE)[1]["schedule"],
+                           results["concurrency"])  # drawn from the ranges: the same batch sizes
+    assert [(b["first"], b["last"]) for b in older] == [(b["first"], b["last"]) for b in plan["bands"]]
+    for entry in results["serving"]:
+        assert entry["serve_first"] == pick.first_to_serve(entry, "eagle3", True)
+        assert entry["serve_first"]["method"] == "ngram"
+    # a record that says otherwise is what the card shows: it decides nothing of its own
+    plan["bands"][1] = {**plan["bands"][1], "first": 9}
+    plan["bands"][0] = {**plan["bands"][0], "last": 8}
+    results["serving"][1]["serve_first"] = None
+    text, _ = render(results, served, records.GATE)
+    bands = card_bands(text)
+    assert [(first, last) for first, last, *_ in bands] == [(1, 8), (9, 12)]
+    assert '"method": "ngram"' in bands[0][2] and '"method": "ngram"' not in bands[1][2]

@@ -332,9 +332,10 @@ def test_on_gpus_a_training_free_method_slower_than_the_target_alone_is_not_reco
     """A band said "Serve without speculation here" and then "n-gram ... Serve it instead" at 0.95×."""
     from draftsmith.evaluation.model_card import card
 
-    eagle3 = grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.8, 1.8)})
-    ngram = grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (0.95, 1.2)}, trained=False)
-    results = {**results_of({"eagle3": eagle3, "ngram": ngram}, pick_at=1), "on_accelerator": True}
+    eagle3 = {**grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.8, 1.8)}), "on_accelerator": True}
+    ngram = {**grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (0.95, 1.2)}, trained=False),
+             "on_accelerator": True}
+    results = results_of({"eagle3": eagle3, "ngram": ngram}, pick_at=1)
     band_16 = band_by_band(card(card_inputs(results))).split(
         "### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert "Serve without speculation here" in band_16 and "n-gram" not in band_16

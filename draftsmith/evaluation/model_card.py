@@ -20,7 +20,15 @@ from draftsmith.core.units import human_bytes
 from draftsmith.data.datasets import hub_id
 from draftsmith.evaluation.evaluate import held_rule_text
 from draftsmith.evaluation.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
-from draftsmith.evaluation.pick import FIGURES, figures, load_changed_text, serving_by_workload, tool_use
+from draftsmith.evaluation.pick import (
+    FIGURES,
+    figures,
+    first_to_serve,
+    load_changed_text,
+    serve_first,
+    serving_by_workload,
+    tool_use,
+)
 from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
@@ -139,7 +147,7 @@ def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], co
         entry = next((e for e in entries if e["concurrency"] == concurrency), {})
         ranked = entry.get("ranked", [])
         ours = next((c for c in ranked if c["method"] == inputs.family), None)
-        own = _ahead(ranked, ours, bool(inputs.results.get("on_accelerator"))) or ours
+        own = first_to_serve(entry, inputs.family, bool(inputs.results.get("on_accelerator"))) or ours
         same = pooled is not None and own is not None and (own["method"], own["k"]) == (pooled["method"], pooled["k"])
         if own is None or same or entry.get("nothing_held"):
             continue
@@ -151,18 +159,10 @@ def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], co
 
 
 def _served_first(entry: dict, family: str, accelerator: bool) -> tuple[dict | None, dict | None]:
-    """The cells whose commands a band of the first screen gives: the setting ranked above this drafter that
-    needs no drafter (none where nothing held), and this drafter's best."""
-    ranked = entry.get("ranked", [])
-    ours = next((c for c in ranked if c["method"] == family), None)
-    return (None if entry.get("nothing_held") else _ahead(ranked, ours, accelerator)), ours
-
-
-def _ahead(ranked: list[dict], ours: dict | None, accelerator: bool) -> dict | None:
-    """The setting to serve before this drafter at a band: the first ranked above it that needs no drafter, plain
-    serving only on an accelerator (a CPU's ranking says nothing of speed)."""
-    above = ranked[:ranked.index(ours)] if ours in ranked else ranked
-    return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
+    """The cells whose commands a band of the first screen gives: the setting the pick chose to serve before this
+    drafter (:func:`~draftsmith.evaluation.pick.serve_first`), and this drafter's best."""
+    ours = next((c for c in entry.get("ranked", []) if c["method"] == family), None)
+    return serve_first(entry, family, accelerator), ours
 
 
 def _best_line(cell: dict) -> str:
@@ -278,9 +278,9 @@ def _training_free_ahead(inputs: CardInputs, entry: dict, ours: int | None, figu
         against = f"this drafter's {ranked[ours]['score']:.3f}" if ours is not None else "this drafter, not measured"
         lines += [f"**{DISPLAY_NAME[cell['method']]}, which needs no drafter, beat this drafter here**: "
                   f"{_tokens(cell['k'])}, {_figures(cell)}; {figure} {cell['score']:.3f} against {against}. "
-                  + (f"Serve it instead at this concurrency. {ABOVE}" if cell is shown else
+                  + (f"Serve it instead at this concurrency. {ABOVE}" if cell == shown else
                      "Serve it instead at this concurrency:"), "",
-                  *([] if cell is shown else [*_command(inputs, cell), ""])]
+                  *([] if cell == shown else [*_command(inputs, cell), ""])]
         if cell["method"] == "suffix":
             lines += ["Suffix decoding was measured without its tree of earlier answers "
                       "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "

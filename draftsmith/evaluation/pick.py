@@ -297,8 +297,28 @@ def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: st
             "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
             "on_accelerator": first.get("on_accelerator"), "device": device_of(first), "family": chosen,
             "pick": {"by": pick_by, "at": pick_at, "family": chosen, "k": winner["best"]["k"], "why": why},
-            "runs": winner["runs"], "families": rows, "serving": serving(evaluations, concurrencies, pick_by),
+            "runs": winner["runs"], "families": rows,
+            "serving": [{**entry, "serve_first": first_to_serve(entry, chosen, bool(first.get("on_accelerator")))}
+                        for entry in serving(evaluations, concurrencies, pick_by)],
             "load_changed": load_changes(evaluations), "methods": evaluations}
+
+
+def first_to_serve(entry: dict, family: str, accelerator: bool) -> dict | None:
+    """The setting to serve before ``family``'s drafter at one concurrency (the card's first command there): the
+    first ranked above it that needs no drafter, plain serving only on an accelerator (a CPU's ranking says
+    nothing of speed); none where no method held the concurrency."""
+    if entry.get("nothing_held"):
+        return None
+    ranked = entry.get("ranked", [])
+    ours = next((cell for cell in ranked if cell["method"] == family), None)
+    above = ranked[:ranked.index(ours)] if ours is not None else ranked
+    return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
+
+
+def serve_first(entry: dict, family: str, accelerator: bool) -> dict | None:
+    """:func:`first_to_serve` as the pick recorded it in ``entry`` (results from before it was recorded: decided
+    from the same ranking now, nothing measured again)."""
+    return entry["serve_first"] if "serve_first" in entry else first_to_serve(entry, family, accelerator)
 
 
 def device_of(evaluation: dict) -> str:

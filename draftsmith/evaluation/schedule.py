@@ -93,7 +93,7 @@ def build(serving: list[dict], family: str) -> dict:
     kind = "plain" if drafted <= {0} else "fixed" if len(drafted) == 1 else "dynamic"
     unmeasured = sorted(e["concurrency"] for e in serving
                         if not any(cell["method"] == family for cell in e.get("ranked", [])))
-    return {"family": family, "k_at": {str(c): k for c, k in sorted(ks.items())}, "ranges": spans, "kind": kind,
+    plan = {"family": family, "k_at": {str(c): k for c, k in sorted(ks.items())}, "ranges": spans, "kind": kind,
             "max_k": max(drafted, default=0), "unmeasured": unmeasured,
             "starts": {str(c): start for c, start in zip(sorted(ks), starts, strict=True)},
             "starts_from": {str(c): "engine" if running.get(c) is not None else "concurrency" for c in sorted(ks)},
@@ -101,6 +101,7 @@ def build(serving: list[dict], family: str) -> dict:
             "not_held": not_held(serving, family),
             "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None,
             "beaten_by": best_single(serving, family)}
+    return {**plan, "bands": bands(plan, sorted(ks))}
 
 
 def not_held(serving: list[dict], family: str) -> dict[str, str]:
@@ -161,8 +162,12 @@ def one_config_text(schedule: dict, serving: list[dict]) -> str:
 def bands(schedule: dict | None, concurrencies: list[int]) -> list[dict]:
     """Each measured concurrency's band of batch sizes, as the schedule's ranges start them (:func:`band_starts`):
     ``first`` and ``last`` batch size, the ``concurrency`` it was measured at, the engine's mean ``running``
-    there, and whether batch sizes above it are unmeasured (the last)."""
+    there, and whether batch sizes above it are unmeasured (the last). :func:`build` records them in the schedule,
+    and every page reads that record; a schedule from before it did has them drawn from its ranges here."""
     points = sorted(concurrencies)
+    recorded = (schedule or {}).get("bands") or []
+    if [band["concurrency"] for band in recorded] == points:
+        return recorded
     starts = _starts_of(schedule or {}, points)
     running = (schedule or {}).get("running") or {}
     return [{"first": first, "last": starts[i + 1] - 1 if i + 1 < len(points) else c, "concurrency": c,
