@@ -38,3 +38,27 @@ def test_the_check_sees_an_upward_import(tmp_path):
     module.parent.mkdir()
     module.write_text("def f():\n    from draftsmith.ops import status\n")
     assert imported_packages(module) == {"ops"}
+
+
+def private_uses(module: Path) -> list[str]:
+    """Another draftsmith module's private names ``module`` reaches for: ``from draftsmith.x import _name``, or
+    ``_name`` read off a draftsmith module it imported (``train._eagle3_flags``, once the engine check's)."""
+    tree = ast.parse(module.read_text())
+    aliases, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("draftsmith"):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            aliases |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name.split(".")[0] for a in node.names if a.name.startswith("draftsmith.")}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_calls_another_modules_private_function():
+    """A function another module needs is public, with a docstring that says who relies on it."""
+    used = {str(m.relative_to(REPO)): uses for m in PACKAGE.rglob("*.py") if (uses := private_uses(m))}
+    assert not used, used
