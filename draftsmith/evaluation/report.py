@@ -481,7 +481,7 @@ def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
              "A looping answer is easy to predict: validation rewards it and traffic does not loop. Rows above a "
              "share are what a limit there would drop (generated datasets; pre-tokenized ones are not measured)."]
     if spans:
-        lines += ["", looping_text(), "", *_share_table(spans, "tokenize.max_looping")]
+        lines += ["", looping_text(next(iter(spans.values()))), "", *_share_table(spans, "tokenize.max_looping")]
     if ngrams:
         first = next(iter(ngrams.values()))
         lines += ["", f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier "
