@@ -219,3 +219,28 @@ def test_the_pages_format_the_recorded_bands_and_first_settings_and_decide_neith
     bands = card_bands(text)
     assert [(first, last) for first, last, *_ in bands] == [(1, 8), (9, 12)]
     assert '"method": "ngram"' in bands[0][2] and '"method": "ngram"' not in bands[1][2]
+
+
+def test_the_report_and_status_say_the_training_records_choice():
+    """The report worded the predicted served τ from the first epoch's entry, and why there was none from the
+    epochs' entries again; ``./run.sh status`` formats training.json's ``chosen``. Both now format ``chosen``."""
+    from draftsmith.ops.status import chosen_by
+
+    first = {"basis": "estimate", "agreement": 0.874, "positions": 900}
+    exported = {"basis": "estimate", "agreement": 0.95, "positions": 900}
+    validation = [{**e, "epoch": i, "predicted_served": {"rows": 20, "k": 1 + 2 * i, "tokens_per_step": 1.3 + i,
+                                                        "exactness": exported if i else first}}
+                  for i, e in enumerate([TRAINING["validation"][0]] * 2)]
+    chosen = {"epoch": 1, "predicted_served_tau": 2.3, "k": 3, "exactness": exported, "reason": "best predicted"}
+
+    def report_of(training: dict) -> str:
+        return markdown(Inputs(records.results(), GENERATION, PROMPTS, MERGE, VOCAB, training, records.GATE),
+                        "acc.png", "train.png", "families.png", "map.png")
+
+    said = report_of({**TRAINING, "validation": validation, "chosen": chosen})
+    basis = basis_text(exported)
+    assert f"Predicted served τ at k=3: {basis}" in said and basis in chosen_by(chosen)
+    missing = {"epoch": 0, "simulated_tau": 1.15, "predicted_missing": "no rows to replay", "reason": "best simulated"}
+    skipped = [{**e, "predicted_served_skipped": "skipped: online hidden states"} for e in TRAINING["validation"]]
+    said = report_of({**TRAINING, "validation": skipped, "chosen": missing})
+    assert "No predicted served τ: no rows to replay;" in said and "no rows to replay" in chosen_by(missing)

@@ -394,18 +394,22 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
                      + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {_fmt(predicted.get('tokens_per_step'), '.3f')} | "
                      + (f"{_fmt(plain.get('tokens_per_step'), '.3f')} ({plain['rows']} of {predicted['rows']} rows)"
                         if plain else "–") + f" | {_minutes(e.get('train_s'))} | {mark} |")
-    return lines + _predicted_basis(validation)
+    return lines + _predicted_basis(validation, chosen)
 
 
-def _predicted_basis(validation: list[dict]) -> list[str]:
+def _predicted_basis(validation: list[dict], chosen: dict) -> list[str]:
     """Under the epochs' table: what the predicted served τ is (exact or an estimate, at which draft length, and
-    at each served one), or why there is none."""
+    at each served one), or why there is none, as the training job recorded its choice (``chosen``, which
+    ``./run.sh status`` formats too); a choice recorded before it held these: from the epochs' entries."""
     from draftsmith.training.train import predicted_missing, served_figure
 
     served = next((e["predicted_served"] for e in validation if e.get("predicted_served")), None)
     if served is None:
-        why_not = next(filter(None, map(predicted_missing, validation)), None)
+        why_not = chosen["predicted_missing"] if "predicted_missing" in chosen else \
+            next(filter(None, map(predicted_missing, validation)), None)
         return ["", f"No predicted served τ: {why_not}; the simulated τ chose the checkpoint."] if why_not else []
+    if chosen.get("predicted_served_tau") is not None:
+        served = {**served, "k": chosen.get("k"), "exactness": chosen.get("exactness")}
     at = f" at k={served['k']}" if served.get("k") else ""
     disagree = ((served.get("exactness") or {}).get("agreement") or 1.0) < 1.0
     lines = ["", f"Predicted served τ{at}: {basis_text(served.get('exactness'))}"
