@@ -244,3 +244,15 @@ def test_the_report_and_status_say_the_training_records_choice():
     skipped = [{**e, "predicted_served_skipped": "skipped: online hidden states"} for e in TRAINING["validation"]]
     said = report_of({**TRAINING, "validation": skipped, "chosen": missing})
     assert "No predicted served τ: no rows to replay;" in said and "no rows to replay" in chosen_by(missing)
+
+
+def test_the_gates_window_is_the_records():
+    """The card and the report said the gate served up to 64 tokens each, the constant of today's code, where
+    ``gate.json`` records the window it served; a gate from before it was recorded served that constant."""
+    from draftsmith.training.export import GATE_WINDOW
+
+    results = records.results()
+    text, report = render(results, records.serving(results), {**records.GATE, "window": 32})
+    assert "up to 32 tokens each" in text and "(up to 32 tokens each)" in report
+    text, report = render(results, records.serving(results), records.GATE)
+    assert f"up to {GATE_WINDOW} tokens each" in text and f"(up to {GATE_WINDOW} tokens each)" in report

@@ -33,11 +33,11 @@ from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
-    GATE_WINDOW,
     PREDICTED_SHARE,
     SAMPLED_Z,
     basis_text,
     epoch_text,
+    gate_window,
     resolution_text,
     sampling_text,
     served_weight_bytes,
@@ -397,8 +397,8 @@ def predicted_against_served(inputs: CardInputs) -> list[str]:
         return []
     return ["## Served against predicted", "",
             f"At the export gate vLLM served {_gate_epoch(inputs.gate)}the first turns of validation rows, up to "
-            f"{GATE_WINDOW} tokens each. The same drafter, replayed on the stored hidden states of those rows as a "
-            "server drafts and verifies, predicted:", "", *table]
+            f"{gate_window(inputs.gate)} tokens each. The same drafter, replayed on the stored hidden states of those "
+            "rows as a server drafts and verifies, predicted:", "", *table]
 
 
 def _gate_epoch(gate: dict | None) -> str:

@@ -23,10 +23,10 @@ from draftsmith.evaluation.schedule import describe_bands, one_config_text
 from draftsmith.training.export import (
     ABOVE_SHARE,
     FLAG_MIN_ACCEPTED,
-    GATE_WINDOW,
     PREDICTED_SHARE,
     basis_text,
     epoch_text,
+    gate_window,
 )
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
@@ -639,9 +639,10 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
     if not tables:
         return []
     lines = ["## Served against predicted, by position", "",
-             f"At the export gate, each family served the first turns of validation rows (up to {GATE_WINDOW} tokens "
-             "each), and the same drafter was replayed on the stored hidden states of those rows and window, walked as "
-             "a server drafts and verifies (a block family's block from each anchor in one forward). A position "
+             "At the export gate, each family served the first turns of validation rows (up to "
+             f"{gate_window(gates[tables[0][0]])} tokens each), and the same drafter was replayed on the stored "
+             "hidden states of those rows and window, walked as a server drafts and verifies (a block family's "
+             "block from each anchor in one forward). A position "
              f"served below {PREDICTED_SHARE:g} or above {ABOVE_SHARE:g} of its prediction, where the prediction "
              f"accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts otherwise there than the "
              "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "
