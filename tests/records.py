@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import copy
 
-from draftsmith.evaluation import methods, pick, schedule
+from draftsmith.evaluation.decide import pick, schedule
+from draftsmith.evaluation.measure import methods
 from tests import grid
 
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}

@@ -15,7 +15,7 @@ from draftsmith.config.load import ConfigError, load_layers, validate_config
 from draftsmith.config.target import resolve
 from draftsmith.data import bfcl
 from draftsmith.data.datasets import load_prompts, resolve_source
-from draftsmith.evaluation import methods
+from draftsmith.evaluation.measure import methods
 from draftsmith.ops import preflight
 from tests.conftest import REPO
 

@@ -9,11 +9,12 @@ import shlex
 
 import pytest
 
-from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation import methods, schedule
-from draftsmith.evaluation.methods import DISPLAY_NAME
-from draftsmith.evaluation.model_card import card
-from draftsmith.evaluation.report import Inputs, markdown
+from draftsmith.evaluation.decide import schedule
+from draftsmith.evaluation.measure import evaluate as ev
+from draftsmith.evaluation.measure import methods
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME
+from draftsmith.evaluation.render.model_card import card
+from draftsmith.evaluation.render.report import Inputs, markdown
 from draftsmith.generation.server import ServerSpec
 from draftsmith.training.export import basis_text, epoch_text
 from tests import records
@@ -124,7 +125,7 @@ def test_the_cards_first_screen_says_what_to_serve_in_short_notes():
 
 def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
     from draftsmith.core import platform
-    from draftsmith.evaluation.pick import FIGURES
+    from draftsmith.evaluation.decide.pick import FIGURES
 
     results = {**records.results(), "on_accelerator": False}
     text, report = render(results, records.serving(results), records.GATE)
@@ -135,7 +136,7 @@ def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
 
 
 def test_the_load_rule_reads_as_the_code_flags():
-    from draftsmith.evaluation import pick
+    from draftsmith.evaluation.decide import pick
 
     said = pick.load_changed_text()
     assert f"more than {pick.LOAD_TOLERANCE:.0%} apart" in said
@@ -199,7 +200,7 @@ def test_the_pages_format_the_recorded_bands_and_first_settings_and_decide_neith
     """The card drew its bands from the schedule's ranges and chose the setting to serve before the drafter
     itself, each time it rendered: the schedule now records its bands (``serving.json`` carries them) and the
     pick the setting each band serves first, and the card formats those records."""
-    from draftsmith.evaluation import pick
+    from draftsmith.evaluation.decide import pick
 
     results = records.results()
     served = records.serving(results)

@@ -55,7 +55,7 @@ def test_tokenization_measures_every_answer_and_drops_looping_ones_only_when_ask
 
 
 def test_the_report_shows_each_datasets_loops_and_reads_a_finished_projects_4gram_share_as_it_is():
-    from draftsmith.evaluation.report import _repetition
+    from draftsmith.evaluation.render.report import _repetition
 
     spans = repetition.summary([0.0, 0.05, 0.3, 0.8], repetition.LOOPING_THRESHOLDS, measure="repeated span")
     stats = {"everyday": {"looping": {**spans, "dropped": 0, "limit": None}},

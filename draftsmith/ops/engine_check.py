@@ -349,7 +349,7 @@ def _served(twin: Path, drafter: Path, server_cfg: dict, log_path: Path, trust_r
     import httpx
 
     from draftsmith.config.target import Target
-    from draftsmith.evaluation import evaluate as ev
+    from draftsmith.evaluation.measure import evaluate as ev
     from draftsmith.generation.client import RequestFailed
     from draftsmith.generation.server import ServerError, managed_server
     from draftsmith.training.replay import GREEDY

@@ -15,7 +15,7 @@ drafts only where it finds a match is counted like a drafter that always drafts)
   training-free one, and what training bought (the trained drafter's tokens per target step over the best
   training-free method's). A cell whose runs did not hold their concurrency (:func:`~draftsmith.evaluation.
   evaluate.hold`: the client's requests in flight, the target alone's, or an engine that ran under
-  :data:`~draftsmith.evaluation.evaluate.HELD` of the target alone's) stands for a method only where none of its
+  :data:`~draftsmith.evaluation.measure.evaluate.HELD` of the target alone's) stands for a method only where none of its
   draft lengths held there; it is then ranked at what it delivered, with why it did not hold, and a concurrency
   where no method held says so (``nothing_held``) rather than that plain serving won.
 - Where the target alone, at one concurrency, set and temperature, read speeds more than
@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path
-from draftsmith.evaluation.methods import PLAIN
+from draftsmith.evaluation.measure.methods import PLAIN
 
 FINETUNED = "finetuned"  # the label of the drafter this workflow trained, in its family's cells
 FIGURES = {"speedup": "speed-up", "tau": "tokens per target step"}

@@ -12,7 +12,7 @@ wait for their prefill (an engine mean of 7.9 at concurrency 12). So each measur
 where its engine ran: the mean running count of the served cell there, pooled over the prompt sets (the
 concurrency itself where the engine was not read), up to the next band's start; the model card's bands follow
 the same edges. Batch sizes above the largest concurrency measured keep its k (vLLM needs one) and are named
-unmeasured, as is a band whose cell did not hold its concurrency (:func:`draftsmith.evaluation.pick.serving`).
+unmeasured, as is a band whose cell did not hold its concurrency (:func:`draftsmith.evaluation.decide.pick.serving`).
 
 A schedule whose every band drafts the same k is the fixed setting the grid already measured; one that
 differs between bands is served once more and measured at every concurrency of the grid
@@ -24,8 +24,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from draftsmith.evaluation import methods
-from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN
+from draftsmith.evaluation.measure import methods
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME, PLAIN
 
 # The end of the last range: vLLM carries the last k past it anyway, and clips every range to max_num_seqs.
 LAST_BATCH = 1024

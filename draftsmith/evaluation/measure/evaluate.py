@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from draftsmith.config.target import Target
 from draftsmith.core import compute
 from draftsmith.data.datasets import Prompt, load_configured
-from draftsmith.evaluation import methods
+from draftsmith.evaluation.measure import methods
 from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, RequestFailed, RetryPolicy
 from draftsmith.generation.generate import ask as ask_with_tools
 from draftsmith.generation.generate import assistant_message

@@ -18,9 +18,7 @@ import yaml
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.core.units import human_bytes
 from draftsmith.data.datasets import hub_id
-from draftsmith.evaluation.evaluate import held_rule_text
-from draftsmith.evaluation.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
-from draftsmith.evaluation.pick import (
+from draftsmith.evaluation.decide.pick import (
     FIGURES,
     figures,
     first_to_serve,
@@ -29,7 +27,16 @@ from draftsmith.evaluation.pick import (
     serving_by_workload,
     tool_use,
 )
-from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
+from draftsmith.evaluation.decide.schedule import (
+    band_parts,
+    band_text,
+    bands,
+    beaten_by,
+    one_config_text,
+    unmeasured_text,
+)
+from draftsmith.evaluation.measure.evaluate import held_rule_text
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
@@ -141,7 +148,7 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
 def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], concurrency: int,
                      pooled: dict | None) -> list[str]:
     """Each workload whose own sets, ranked alone, put another setting first at a band than the pooled sets did:
-    that setting and its command (:func:`~draftsmith.evaluation.pick.serving_by_workload`)."""
+    that setting and its command (:func:`~draftsmith.evaluation.decide.pick.serving_by_workload`)."""
     lines = []
     for workload, entries in per_workload.items():
         entry = next((e for e in entries if e["concurrency"] == concurrency), {})
@@ -160,7 +167,7 @@ def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], co
 
 def _served_first(entry: dict, family: str, accelerator: bool) -> tuple[dict | None, dict | None]:
     """The cells whose commands a band of the first screen gives: the setting the pick chose to serve before this
-    drafter (:func:`~draftsmith.evaluation.pick.serve_first`), and this drafter's best."""
+    drafter (:func:`~draftsmith.evaluation.decide.pick.serve_first`), and this drafter's best."""
     ours = next((c for c in entry.get("ranked", []) if c["method"] == family), None)
     return serve_first(entry, family, accelerator), ours
 
@@ -421,7 +428,7 @@ def load_changed(results: dict) -> list[str]:
 def recipe_by_workload(results: dict, workloads: dict[str, str]) -> list[str]:
     """Per workload (``workloads``: each prompt set's, where they hold two or more), each concurrency's best
     setting and the best trained against the best training-free one, ranked on that workload's sets alone
-    (:func:`~draftsmith.evaluation.pick.serving_by_workload`), beside the pooled best: agent traffic that repeats
+    (:func:`~draftsmith.evaluation.decide.pick.serving_by_workload`), beside the pooled best: agent traffic that repeats
     its context may want another method than chat."""
     per = serving_by_workload(results.get("methods") or {}, results.get("concurrency") or [], results["pick"]["by"],
                               workloads) if results.get("methods") else {}

@@ -8,9 +8,11 @@ from pathlib import Path
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.repetition import looping_text
-from draftsmith.evaluation.evaluate import held_rule_text, readings_text
-from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
-from draftsmith.evaluation.model_card import (
+from draftsmith.evaluation.decide.pick import FIGURES, figures, label_of
+from draftsmith.evaluation.decide.schedule import describe_bands, one_config_text
+from draftsmith.evaluation.measure.evaluate import held_rule_text, readings_text
+from draftsmith.evaluation.measure.methods import CHAINS, DISPLAY_NAME
+from draftsmith.evaluation.render.model_card import (
     drain_note,
     gate_table,
     load_changed,
@@ -18,8 +20,6 @@ from draftsmith.evaluation.model_card import (
     schedule_table,
     tool_calls,
 )
-from draftsmith.evaluation.pick import FIGURES, figures, label_of
-from draftsmith.evaluation.schedule import describe_bands, one_config_text
 from draftsmith.training.export import (
     ABOVE_SHARE,
     FLAG_MIN_ACCEPTED,
@@ -588,7 +588,7 @@ def _cuts(cuts: dict[str, int], rows: int) -> str:
 
 def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
     """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
-    (:data:`~draftsmith.evaluation.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
+    (:data:`~draftsmith.evaluation.measure.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
     drafted step would have accepted the first ``k`` of what it accepted. With the run's tokens per step
     ``T`` and its acceptance by position ``r``: ``1 + (T - 1) * sum(r[:k]) / sum(r)``. The steps are the ones
     the longer length took, which a shorter one would place otherwise: an estimate, checked against the
