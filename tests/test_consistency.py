@@ -257,3 +257,28 @@ def test_the_gates_window_is_the_records():
     assert "up to 32 tokens each" in text and "(up to 32 tokens each)" in report
     text, report = render(results, records.serving(results), records.GATE)
     assert f"up to {GATE_WINDOW} tokens each" in text and f"(up to {GATE_WINDOW} tokens each)" in report
+
+
+@pytest.mark.parametrize("accelerator", [True, False], ids=["GPU", "CPU"])
+def test_the_first_screens_rule_reads_as_the_pick_chooses(accelerator):
+    """The card said "in each band the setting measured best comes first", and put n-gram first where another
+    trained family had ranked above it. The rule's words now come from beside :func:`pick.first_to_serve`; here
+    they are read back as a rule and held to its verdicts."""
+    from draftsmith.evaluation.decide import pick
+
+    said = pick.serve_first_text(accelerator)
+    assert "best-ranked setting that needs no drafter" in said and "where it ranked above this drafter" in said
+    plain_counts = "plain serving" in said
+
+    def cell(method: str) -> dict:
+        return {"method": method, "k": 1, "trained": method in ("eagle3", "dflash")}
+
+    for order in (["dflash", "ngram", "plain", "eagle3"], ["eagle3", "ngram"], ["plain", "eagle3", "ngram"],
+                  ["plain", "ngram", "eagle3"], ["ngram", "plain"], ["dflash", "eagle3", "plain"]):
+        ranked = [cell(m) for m in order]
+        needs_none = [c for c in ranked if not c["trained"] and (plain_counts or c["method"] != "plain")]
+        ours = next((i for i, c in enumerate(ranked) if c["method"] == "eagle3"), len(ranked))
+        expected = needs_none[0] if needs_none and ranked.index(needs_none[0]) < ours else None
+        assert pick.first_to_serve({"ranked": ranked}, "eagle3", accelerator) == expected, order
+    text, _ = render(records.results(), records.serving(records.results()), records.GATE)
+    assert pick.serve_first_text(True) in text

@@ -315,6 +315,13 @@ def first_to_serve(entry: dict, family: str, accelerator: bool) -> dict | None:
     return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
 
 
+def serve_first_text(accelerator: bool) -> str:
+    """:func:`first_to_serve`'s rule in words, for the card's first screen."""
+    among = "a training-free method, or plain serving" if accelerator else "a training-free method"
+    return (f"In each band the best-ranked setting that needs no drafter ({among}) comes first where it ranked "
+            "above this drafter; this drafter's own command follows.")
+
+
 def serve_first(entry: dict, family: str, accelerator: bool) -> dict | None:
     """:func:`first_to_serve` as the pick recorded it in ``entry`` (results from before it was recorded: decided
     from the same ranking now, nothing measured again)."""

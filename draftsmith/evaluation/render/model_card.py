@@ -24,6 +24,7 @@ from draftsmith.evaluation.decide.pick import (
     first_to_serve,
     load_changed_text,
     serve_first,
+    serve_first_text,
     serving_by_workload,
     tool_use,
 )
@@ -124,9 +125,9 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
                                        results["pick"]["by"], inputs.workloads) if results.get("methods") else {}
     device = "a GPU" if results.get("on_accelerator") else "a CPU"
     lines = ["## What to serve", "",
-             f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
-             "band the setting measured best comes first. Run the commands from inside this folder; each carries "
-             "the engine flags the measurement ran with."]
+             f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}. "
+             f"{serve_first_text(bool(results.get('on_accelerator')))} Run the commands from inside this folder; "
+             "each carries the engine flags the measurement ran with."]
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
         best, ours = _served_first(entry, family, bool(results.get("on_accelerator")))
