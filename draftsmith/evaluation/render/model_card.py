@@ -1,12 +1,12 @@
 """``results/drafter/README.md``: the description drafters are published with on the Hugging Face hub.
 
 YAML front matter the hub reads (base model, tags, datasets, license note), then what to serve on the first
-screen (per concurrency band the vLLM command of the setting measured best there where it needs no drafter,
-then this drafter's, each with what it gave), the acceptance per evaluation set and temperature, the serving
-recipe band by band (why each setting, SGLang's commands), the one config for every batch size, what it was
-trained on, the recipe, the config digest and how to reproduce it. Every figure comes from the run's own
-records; each rule's wording comes from the function beside the code that applies it, which the report calls
-too, so the two never differ.
+screen (per concurrency band the vLLM command of the setting the pick serves first there, one that needs no
+drafter and ranked above this drafter, then this drafter's, each with what it gave), the acceptance per
+evaluation set and temperature, the serving recipe band by band (why each setting, SGLang's commands), the one
+config for every batch size, what it was trained on, the recipe, the config digest and how to reproduce it.
+Every figure comes from the run's own records; each rule's wording comes from the function beside the code
+that applies it, which the report calls too, so the two never differ.
 """
 
 from __future__ import annotations
