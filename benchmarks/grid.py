@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from draftsmith.evaluation.methods import DISPLAY_NAME
-from draftsmith.evaluation.pick import figures, label_of
+from draftsmith.evaluation.decide.pick import figures, label_of
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME
 
 
 def seconds(timing: Path) -> float | None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from draftsmith.config.load import EMBEDDED, WORKFLOW_DIR, load_layers, validate_config  # noqa: E402
 from draftsmith.config.target import resolve  # noqa: E402
-from draftsmith.evaluation import evaluate as ev  # noqa: E402
+from draftsmith.evaluation.measure import evaluate as ev  # noqa: E402
 from draftsmith.generation.client import ChatClient, RetryPolicy  # noqa: E402
 from draftsmith.generation.server import managed_server  # noqa: E402
 

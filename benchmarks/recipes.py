@@ -42,7 +42,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from draftsmith.evaluation import pick  # noqa: E402
+from draftsmith.evaluation.decide import pick  # noqa: E402
 from draftsmith.training.export import sglang_refusal  # noqa: E402
 from draftsmith.training.train import simulated_tau  # noqa: E402
 

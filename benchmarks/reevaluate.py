@@ -3,7 +3,7 @@ from training noise.
 
 ``recipes.py`` measures each drafter once, on 12 prompts × 64 tokens per set. At T > 0 on a CPU
 server that sample is unseeded (vLLM-CPU cannot seed a chunked prefill, see
-``draftsmith.evaluation.evaluate.sampling``), so one drafter's τ on a set moves from one measurement
+``draftsmith.evaluation.measure.evaluate.sampling``), so one drafter's τ on a set moves from one measurement
 to the next, and a gap between two recipes may be the sample's, not the drafters'. This serves each
 given run's drafter once more (the run's own target and server settings) and measures τ on chosen
 evaluation sets, widened, ``--repeats`` times per temperature; it prints and writes τ per run, set,
@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 from draftsmith.config.load import EMBEDDED, WORKFLOW_DIR, load_layers, validate_config  # noqa: E402
 from draftsmith.config.target import resolve  # noqa: E402
 from draftsmith.core import compute  # noqa: E402
-from draftsmith.evaluation import evaluate as ev  # noqa: E402
+from draftsmith.evaluation.measure import evaluate as ev  # noqa: E402
 from draftsmith.generation.server import managed_server  # noqa: E402
 
 

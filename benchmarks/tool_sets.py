@@ -37,7 +37,7 @@ from draftsmith.config.load import EMBEDDED, WORKFLOW_DIR, load_layers, validate
 from draftsmith.config.target import load_tokenizer, resolve  # noqa: E402
 from draftsmith.data.chat import tool_template_problem  # noqa: E402
 from draftsmith.data.datasets import load_configured  # noqa: E402
-from draftsmith.evaluation import evaluate as ev  # noqa: E402
+from draftsmith.evaluation.measure import evaluate as ev  # noqa: E402
 from draftsmith.generation import generate as gen  # noqa: E402
 from draftsmith.generation.client import ChatClient, RequestFailed, RetryPolicy  # noqa: E402
 from draftsmith.generation.server import managed_server  # noqa: E402

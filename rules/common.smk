@@ -24,7 +24,7 @@ from draftsmith.data.datasets import (
     prompt_rows_params,
     tool_params,
 )
-from draftsmith.evaluation import methods as serving_methods
+from draftsmith.evaluation.measure import methods as serving_methods
 from draftsmith.ops import engine_check, preflight
 from draftsmith.ops.stop import forward_stops_to_jobs
 from draftsmith.training import families as drafter_families

@@ -3,13 +3,13 @@ import logging
 from pathlib import Path
 
 from draftsmith.core.atomic import write_json
-from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation import methods
-from draftsmith.evaluation.pick import FINETUNED
+from draftsmith.evaluation.decide.pick import FINETUNED
+from draftsmith.evaluation.measure import evaluate as ev
+from draftsmith.evaluation.measure import methods
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 
-log = logging.getLogger("draftsmith.evaluation.evaluate")
+log = logging.getLogger("draftsmith.evaluation.measure.evaluate")
 
 
 def main() -> None:

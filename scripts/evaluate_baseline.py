@@ -5,7 +5,7 @@ speed-ups divide by it."""
 from pathlib import Path
 
 from draftsmith.core.atomic import write_json
-from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation.measure import evaluate as ev
 from draftsmith.generation.server import managed_server
 from draftsmith.ops.runner import base_dir, run, target_of
 

@@ -1,4 +1,4 @@
-"""The published method's schedule (draftsmith.evaluation.schedule; rule evaluate_schedule): written beside the
+"""The published method's schedule (draftsmith.evaluation.decide.schedule; rule evaluate_schedule): written beside the
 drafter as one vLLM config, and, where its draft length changes with the batch, served once and measured at
 every concurrency of the grid against the target alone."""
 
@@ -7,12 +7,12 @@ import logging
 from pathlib import Path
 
 from draftsmith.core.atomic import write_json
-from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation import schedule
+from draftsmith.evaluation.decide import schedule
+from draftsmith.evaluation.measure import evaluate as ev
 from draftsmith.generation.server import managed_server, spec_from_config
 from draftsmith.ops.runner import base_dir, run, target_of
 
-log = logging.getLogger("draftsmith.evaluation.schedule")
+log = logging.getLogger("draftsmith.evaluation.decide.schedule")
 DRAFTER_HERE = "."  # the config is read from inside the drafter's folder: `cd results/drafter && vllm serve ...`
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from draftsmith.config import target
 from draftsmith.core import compute
 from draftsmith.core.atomic import write_json, write_text
-from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation.measure import evaluate as ev
 from draftsmith.generation import vllm_fixes
 from draftsmith.generation.generate import answer_sampling, model_sampling
 from draftsmith.generation.server import managed_server

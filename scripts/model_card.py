@@ -3,7 +3,7 @@ from pathlib import Path
 
 from draftsmith.config.load import shareable_yaml
 from draftsmith.core.atomic import write_json, write_text
-from draftsmith.evaluation.model_card import CardInputs, card
+from draftsmith.evaluation.render.model_card import CardInputs, card
 from draftsmith.ops.runner import run
 from draftsmith.ops.stack import versions
 from draftsmith.training.export import drafter_size

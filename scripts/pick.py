@@ -4,10 +4,10 @@ from pathlib import Path
 
 from draftsmith.core import platform
 from draftsmith.core.atomic import write_json
-from draftsmith.evaluation import pick, schedule
+from draftsmith.evaluation.decide import pick, schedule
 from draftsmith.ops.runner import run
 
-log = logging.getLogger("draftsmith.evaluation.pick")
+log = logging.getLogger("draftsmith.evaluation.decide.pick")
 
 
 def load(path):

@@ -5,7 +5,7 @@ from draftsmith.config import target as targets
 from draftsmith.core.atomic import write_json, write_text
 from draftsmith.data.chat import Renderer
 from draftsmith.data.datasets import read_prompts
-from draftsmith.evaluation.evaluate import prompt_sets
+from draftsmith.evaluation.measure.evaluate import prompt_sets
 from draftsmith.generation.generate import JOURNAL_DIR
 from draftsmith.ops import plan
 from draftsmith.ops.runner import base_dir, run, target_of

@@ -1,7 +1,7 @@
 import json
 from pathlib import Path
 
-from draftsmith.evaluation.report import Inputs, write_report
+from draftsmith.evaluation.render.report import Inputs, write_report
 from draftsmith.ops.runner import run
 
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 from draftsmith.core import platform
 from draftsmith.core.atomic import write_text
-from draftsmith.evaluation import pick
-from draftsmith.evaluation.report import training_free_markdown
+from draftsmith.evaluation.decide import pick
+from draftsmith.evaluation.render.report import training_free_markdown
 from draftsmith.ops.runner import run
 
 

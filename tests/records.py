@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import copy
 
-from draftsmith.evaluation import methods, pick, schedule
+from draftsmith.evaluation.decide import pick, schedule
+from draftsmith.evaluation.measure import methods
 from tests import grid
 
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -61,11 +62,14 @@ GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.
 
 def finished_before(results: dict, serving: dict, gate: dict) -> tuple[dict, dict, dict]:
     """The same records as a project finished before their newer fields were written: no ``beaten_by``, band
-    starts or engine means in the schedule, no ``held_why`` on a run, no epoch in the gate."""
+    starts, bands or engine means in the schedule, no ``serve_first`` in the pick's serving table, no ``held_why`` on a
+    run, no epoch in the gate."""
     results, serving, gate = copy.deepcopy(results), copy.deepcopy(serving), copy.deepcopy(gate)
     for plan in (results["schedule"], serving["schedule"]):
-        for key in ("beaten_by", "starts", "starts_from", "running"):
+        for key in ("beaten_by", "starts", "starts_from", "running", "bands"):
             plan.pop(key)
+    for entry in results["serving"]:
+        entry.pop("serve_first")
     for evaluation in results["methods"].values():
         for cell in evaluation["cells"]:
             for run in cell["runs"]:

@@ -16,7 +16,7 @@ from draftsmith.config.load import ConfigError, load_layers, validate_config
 from draftsmith.config.target import resolve
 from draftsmith.data import bfcl
 from draftsmith.data.datasets import load_prompts, read_prompts, resolve_source, write_prompts
-from draftsmith.evaluation import methods
+from draftsmith.evaluation.measure import methods
 from draftsmith.ops import preflight
 from tests.conftest import REPO
 

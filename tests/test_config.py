@@ -395,7 +395,7 @@ def test_secret_engine_flags_and_url_credentials_reach_neither_the_drafters_conf
     """vLLM's own flags carry secrets too (--hf-token for a gated target, --api-key for the server), and a proxy
     or endpoint URL its credentials: the published config (draftsmith.yaml) and the card's commands
     (methods.served_flags) hold none of them, and keep every other flag as it is."""
-    from draftsmith.evaluation import methods
+    from draftsmith.evaluation.measure import methods
 
     mine = tmp_path / "mine.yaml"
     mine.write_text(yaml.safe_dump({

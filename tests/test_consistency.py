@@ -9,11 +9,12 @@ import shlex
 
 import pytest
 
-from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation import methods, schedule
-from draftsmith.evaluation.methods import DISPLAY_NAME
-from draftsmith.evaluation.model_card import card
-from draftsmith.evaluation.report import Inputs, markdown
+from draftsmith.evaluation.decide import schedule
+from draftsmith.evaluation.measure import evaluate as ev
+from draftsmith.evaluation.measure import methods
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME
+from draftsmith.evaluation.render.model_card import card
+from draftsmith.evaluation.render.report import Inputs, markdown
 from draftsmith.generation.server import ServerSpec
 from draftsmith.training.export import basis_text, epoch_text
 from tests import records
@@ -124,7 +125,7 @@ def test_the_cards_first_screen_says_what_to_serve_in_short_notes():
 
 def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
     from draftsmith.core import platform
-    from draftsmith.evaluation.pick import FIGURES
+    from draftsmith.evaluation.decide.pick import FIGURES
 
     results = {**records.results(), "on_accelerator": False}
     text, report = render(results, records.serving(results), records.GATE)
@@ -135,7 +136,7 @@ def test_a_cpus_ranking_reads_the_same_in_both_and_as_the_code_ranks():
 
 
 def test_the_load_rule_reads_as_the_code_flags():
-    from draftsmith.evaluation import pick
+    from draftsmith.evaluation.decide import pick
 
     said = pick.load_changed_text()
     assert f"more than {pick.LOAD_TOLERANCE:.0%} apart" in said
@@ -193,3 +194,91 @@ def test_a_cpu_projects_commands_carry_none_of_the_flags_its_machine_added():
     text = card(card_inputs(results, serving=records.serving(results), served_flags=flags))
     for args in commands(text):
         assert args[3:] == ["--max-model-len", "2048"] or args[5:] == ["--max-model-len", "2048"], args
+
+
+def test_the_pages_format_the_recorded_bands_and_first_settings_and_decide_neither():
+    """The card drew its bands from the schedule's ranges and chose the setting to serve before the drafter
+    itself, each time it rendered: the schedule now records its bands (``serving.json`` carries them) and the
+    pick the setting each band serves first, and the card formats those records."""
+    from draftsmith.evaluation.decide import pick
+
+    results = records.results()
+    served = records.serving(results)
+    plan = served["schedule"]
+    assert plan["bands"] == results["schedule"]["bands"]
+    older = schedule.bands(records.finished_before(results, served, records.GATE)[1]["schedule"],
+                           results["concurrency"])  # drawn from the ranges: the same batch sizes
+    assert [(b["first"], b["last"]) for b in older] == [(b["first"], b["last"]) for b in plan["bands"]]
+    for entry in results["serving"]:
+        assert entry["serve_first"] == pick.first_to_serve(entry, "eagle3", True)
+        assert entry["serve_first"]["method"] == "ngram"
+    # a record that says otherwise is what the card shows: it decides nothing of its own
+    plan["bands"][1] = {**plan["bands"][1], "first": 9}
+    plan["bands"][0] = {**plan["bands"][0], "last": 8}
+    results["serving"][1]["serve_first"] = None
+    text, _ = render(results, served, records.GATE)
+    bands = card_bands(text)
+    assert [(first, last) for first, last, *_ in bands] == [(1, 8), (9, 12)]
+    assert '"method": "ngram"' in bands[0][2] and '"method": "ngram"' not in bands[1][2]
+
+
+def test_the_report_and_status_say_the_training_records_choice():
+    """The report worded the predicted served τ from the first epoch's entry, and why there was none from the
+    epochs' entries again; ``./run.sh status`` formats training.json's ``chosen``. Both now format ``chosen``."""
+    from draftsmith.ops.status import chosen_by
+
+    first = {"basis": "estimate", "agreement": 0.874, "positions": 900}
+    exported = {"basis": "estimate", "agreement": 0.95, "positions": 900}
+    validation = [{**e, "epoch": i, "predicted_served": {"rows": 20, "k": 1 + 2 * i, "tokens_per_step": 1.3 + i,
+                                                        "exactness": exported if i else first}}
+                  for i, e in enumerate([TRAINING["validation"][0]] * 2)]
+    chosen = {"epoch": 1, "predicted_served_tau": 2.3, "k": 3, "exactness": exported, "reason": "best predicted"}
+
+    def report_of(training: dict) -> str:
+        return markdown(Inputs(records.results(), GENERATION, PROMPTS, MERGE, VOCAB, training, records.GATE),
+                        "acc.png", "train.png", "families.png", "map.png")
+
+    said = report_of({**TRAINING, "validation": validation, "chosen": chosen})
+    basis = basis_text(exported)
+    assert f"Predicted served τ at k=3: {basis}" in said and basis in chosen_by(chosen)
+    missing = {"epoch": 0, "simulated_tau": 1.15, "predicted_missing": "no rows to replay", "reason": "best simulated"}
+    skipped = [{**e, "predicted_served_skipped": "skipped: online hidden states"} for e in TRAINING["validation"]]
+    said = report_of({**TRAINING, "validation": skipped, "chosen": missing})
+    assert "No predicted served τ: no rows to replay;" in said and "no rows to replay" in chosen_by(missing)
+
+
+def test_the_gates_window_is_the_records():
+    """The card and the report said the gate served up to 64 tokens each, the constant of today's code, where
+    ``gate.json`` records the window it served; a gate from before it was recorded served that constant."""
+    from draftsmith.training.export import GATE_WINDOW
+
+    results = records.results()
+    text, report = render(results, records.serving(results), {**records.GATE, "window": 32})
+    assert "up to 32 tokens each" in text and "(up to 32 tokens each)" in report
+    text, report = render(results, records.serving(results), records.GATE)
+    assert f"up to {GATE_WINDOW} tokens each" in text and f"(up to {GATE_WINDOW} tokens each)" in report
+
+
+@pytest.mark.parametrize("accelerator", [True, False], ids=["GPU", "CPU"])
+def test_the_first_screens_rule_reads_as_the_pick_chooses(accelerator):
+    """The card said "in each band the setting measured best comes first", and put n-gram first where another
+    trained family had ranked above it. The rule's words now come from beside :func:`pick.first_to_serve`; here
+    they are read back as a rule and held to its verdicts."""
+    from draftsmith.evaluation.decide import pick
+
+    said = pick.serve_first_text(accelerator)
+    assert "best-ranked setting that needs no drafter" in said and "where it ranked above this drafter" in said
+    plain_counts = "plain serving" in said
+
+    def cell(method: str) -> dict:
+        return {"method": method, "k": 1, "trained": method in ("eagle3", "dflash")}
+
+    for order in (["dflash", "ngram", "plain", "eagle3"], ["eagle3", "ngram"], ["plain", "eagle3", "ngram"],
+                  ["plain", "ngram", "eagle3"], ["ngram", "plain"], ["dflash", "eagle3", "plain"]):
+        ranked = [cell(m) for m in order]
+        needs_none = [c for c in ranked if not c["trained"] and (plain_counts or c["method"] != "plain")]
+        ours = next((i for i, c in enumerate(ranked) if c["method"] == "eagle3"), len(ranked))
+        expected = needs_none[0] if needs_none and ranked.index(needs_none[0]) < ours else None
+        assert pick.first_to_serve({"ranked": ranked}, "eagle3", accelerator) == expected, order
+    text, _ = render(records.results(), records.serving(records.results()), records.GATE)
+    assert pick.serve_first_text(True) in text

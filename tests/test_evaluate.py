@@ -1,7 +1,7 @@
 import pytest
 
-from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation.evaluate import acceptance
+from draftsmith.evaluation.measure import evaluate as ev
+from draftsmith.evaluation.measure.evaluate import acceptance
 
 # An excerpt of vLLM 0.32's /metrics text with speculative decoding on.
 METRICS = """
@@ -25,7 +25,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",pos
 def test_tau_is_pooled_from_counter_deltas(monkeypatch):
     import httpx
 
-    from draftsmith.evaluation import evaluate
+    from draftsmith.evaluation.measure import evaluate
 
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=METRICS))
     after = evaluate.scrape_spec_counters("http://x")
@@ -166,7 +166,7 @@ def test_a_method_is_measured_again_when_its_own_settings_or_how_it_is_served_ch
     measurement made with vLLM's tree of earlier answers (at T=0 it drafted the answer it had given to the
     same prompt before) is measured again; the pick's keys rerun no measurement."""
     from draftsmith.config.load import validate_config
-    from draftsmith.evaluation.methods import measurement_settings
+    from draftsmith.evaluation.measure.methods import measurement_settings
     from tests.test_config import MINIMAL
 
     evaluation = validate_config(MINIMAL)["evaluation"]

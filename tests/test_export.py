@@ -189,7 +189,7 @@ def test_the_export_gate(rates, drafts, expected, passed, says):
 def test_a_drafter_served_that_never_drafts_fails_the_gate_with_its_reason():
     """vLLM's counters give each position's rate as None when nothing was drafted: the gate said so, it did not
     divide None by the prediction and take the export job (and every family's with it) down."""
-    from draftsmith.evaluation.evaluate import acceptance
+    from draftsmith.evaluation.measure.evaluate import acceptance
 
     served = acceptance({}, {"num_drafts": 0.0, "num_draft_tokens": 0.0, "num_accepted_tokens": 0.0,
                              **{f"per_pos_{k}": 0.0 for k in range(3)}})
@@ -293,7 +293,7 @@ def test_a_family_whose_export_is_refused_is_recorded_and_does_not_fail_the_run(
     gate = json.loads((out / "gate.json").read_text())
     assert gate["passed"] is False and "use full attention" in gate["verdict"]
     assert (out / "final.safetensors").stat().st_size == (ckpt / "model.safetensors").stat().st_size
-    from draftsmith.evaluation import methods
+    from draftsmith.evaluation.measure import methods
 
     assert methods.not_measured("dflash", False, gate) == {"failed": gate["verdict"]}
 
@@ -312,7 +312,7 @@ def test_a_drafter_the_engine_will_not_serve_is_a_failed_family_not_a_failed_run
 
     import httpx
 
-    from draftsmith.evaluation import evaluate as ev
+    from draftsmith.evaluation.measure import evaluate as ev
     from draftsmith.generation import server
     from draftsmith.training import replay
 
@@ -551,7 +551,7 @@ def test_the_gate_serves_with_per_request_counts_and_records_its_seed(drafter, t
     from contextlib import contextmanager
     from types import SimpleNamespace
 
-    from draftsmith.evaluation import evaluate as ev
+    from draftsmith.evaluation.measure import evaluate as ev
     from draftsmith.generation import server
 
     seen = {}
@@ -581,7 +581,7 @@ def test_the_gate_serves_with_per_request_counts_and_records_its_seed(drafter, t
 
 
 def test_the_card_gives_the_drafters_size_and_the_memory_its_weights_add_served(tmp_path):
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
     from tests.test_report import RESULTS, card_inputs
 
     weights = tmp_path / "final.safetensors"

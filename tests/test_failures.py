@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from draftsmith.data.datasets import Prompt
-from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation.measure import evaluate as ev
 from draftsmith.generation import server as srv
 from draftsmith.generation.server import ServerExited
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from draftsmith.config.load import ConfigError, result_view, validate_config
-from draftsmith.evaluation import pick
+from draftsmith.evaluation.decide import pick
 from draftsmith.training import families
 from draftsmith.training import train as tr
 from tests import grid
@@ -211,7 +211,7 @@ def test_the_preflight_names_what_a_family_cannot_get_before_any_work(tmp_path):
 
 
 def test_a_family_whose_export_or_gate_failed_is_not_measured_and_says_why():
-    from draftsmith.evaluation import methods
+    from draftsmith.evaluation.measure import methods
 
     passed = {"passed": True, "served": True, "verdict": "served first-token acceptance 0.2"}
     assert methods.not_measured("eagle3", False, passed) == {}

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from draftsmith.data.datasets import Prompt
-from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation.measure import evaluate as ev
 from draftsmith.generation.client import ChatResult
 
 
@@ -136,7 +136,7 @@ def not_holding(evaluation: dict, k: int, c: int, why: str) -> dict:
 
 def test_the_pick_ranks_a_length_that_held_above_one_that_did_not():
     """Removing the held filter from the pick passed every test: k=3 did not hold concurrency 6, k=1 did."""
-    from draftsmith.evaluation import pick
+    from draftsmith.evaluation.decide import pick
     from tests import grid
 
     eagle3 = not_holding(grid.evaluation("eagle3", {(1, 6): (1.1, 1.5), (3, 6): (1.3, 2.2)}), 3, 6,
@@ -148,7 +148,7 @@ def test_the_pick_ranks_a_length_that_held_above_one_that_did_not():
 def test_a_finished_run_is_never_failed_at_the_pick_by_a_cell_that_did_not_hold():
     """The tiny target, 6 prompts at concurrency 6: EAGLE-3's one cell held 5.36 in flight, and the pick failed
     the run after generation, extraction and training with "no tokens per target step measured"."""
-    from draftsmith.evaluation import pick
+    from draftsmith.evaluation.decide import pick
     from tests import grid
 
     why = "5.36 requests in flight on average, of 6"
@@ -164,8 +164,8 @@ def test_a_finished_run_is_never_failed_at_the_pick_by_a_cell_that_did_not_hold(
 
 def test_a_drafter_its_kv_cache_held_back_is_ranked_at_what_it_delivered_with_why():
     """A drafter whose engine ran half what the target alone ran (its KV cache full) was dropped, not ranked."""
-    from draftsmith.evaluation import pick
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.decide import pick
+    from draftsmith.evaluation.render.model_card import card
     from tests import grid
     from tests.test_report import band_by_band, card_inputs
 
@@ -186,8 +186,8 @@ def test_a_drafter_its_kv_cache_held_back_is_ranked_at_what_it_delivered_with_wh
 
 
 def test_a_band_where_nothing_held_is_not_served_as_plain_serving_won():
-    from draftsmith.evaluation import pick
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.decide import pick
+    from draftsmith.evaluation.render.model_card import card
     from tests import grid
     from tests.test_report import band_by_band, card_inputs
 
@@ -204,8 +204,8 @@ def test_a_band_where_nothing_held_is_not_served_as_plain_serving_won():
 
 
 def test_the_reports_serving_grid_names_a_band_where_nothing_held(tmp_path):
-    from draftsmith.evaluation import pick
-    from draftsmith.evaluation.report import _serving
+    from draftsmith.evaluation.decide import pick
+    from draftsmith.evaluation.render.report import _serving
     from tests import grid
 
     why = "5.36 requests in flight on average, of 6"

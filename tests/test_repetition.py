@@ -39,6 +39,7 @@ def test_tokenization_measures_every_answer_and_drops_looping_ones_only_when_ask
     kept = tokenize_file(responses, tokenizer, tmp_path / "a.parquet", tmp_path / "a.rej", "d", TokenizeSettings())
     assert kept["rows"] == 2 and kept["looping"]["rows"] == 2 and kept["looping"]["dropped"] == 0
     assert kept["looping"]["measure"] == "repeated span" and kept["looping"]["max"] > 0.9
+    assert {key: kept["looping"][key] for key in repetition.looping_conditions()} == repetition.looping_conditions()
     assert kept["looping"]["above"][f"{repetition.CYCLE_LOOPING:g}"] == 1
     assert "repetition" not in kept  # one measure: the 4-gram share only where its deprecated limit asks for it
     dropped = tokenize_file(responses, tokenizer, tmp_path / "b.parquet", tmp_path / "b.rej", "d",
@@ -54,7 +55,7 @@ def test_tokenization_measures_every_answer_and_drops_looping_ones_only_when_ask
 
 
 def test_the_report_shows_each_datasets_loops_and_reads_a_finished_projects_4gram_share_as_it_is():
-    from draftsmith.evaluation.report import _repetition
+    from draftsmith.evaluation.render.report import _repetition
 
     spans = repetition.summary([0.0, 0.05, 0.3, 0.8], repetition.LOOPING_THRESHOLDS, measure="repeated span")
     stats = {"everyday": {"looping": {**spans, "dropped": 0, "limit": None}},
@@ -64,6 +65,10 @@ def test_the_report_shows_each_datasets_loops_and_reads_a_finished_projects_4gra
     assert "| everyday | 4 | 0.287 |" in lines[-1] and lines[-1].endswith("| 2 | 2 | 1 | – (no limit) |")
     assert not any(line.startswith("| old |") for line in lines)
     assert _repetition({"old": {"rows": 3}}) == []
+    # the measure's conditions are the record's: the text says what this dataset was measured with
+    other = {**spans, "max_period": 128, "min_cycle": 8, "looping_above": 0.4, "dropped": 0, "limit": None}
+    said = _repetition({"everyday": {"looping": other}})
+    assert "a span of up to 128 tokens repeated over 8 tokens" in " ".join(said) and "Above 0.4 a row" in " ".join(said)
     # a finished project's stats: the 4-gram share, its thresholds and limit as they were recorded
     recorded = {"rows": 4, "ngram": 4, "mean": 0.362, "p50": 0.325, "p90": 0.74, "max": 0.8,
                 "above": {"0.3": 2, "0.5": 2, "0.7": 1}, "dropped": 1, "limit": 0.7}

@@ -1,7 +1,7 @@
 import pytest
 
-from draftsmith.evaluation import pick
-from draftsmith.evaluation.report import Inputs, write_report
+from draftsmith.evaluation.decide import pick
+from draftsmith.evaluation.render.report import Inputs, write_report
 from tests import grid
 
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -52,7 +52,7 @@ EAGLE3_TRAIN = {"num_layers": 1, "architecture": "speculators", "epochs": 3, "lr
 
 def card_inputs(results: dict, **overrides):
     """The model card's inputs for an EAGLE-3 drafter published from ``results``."""
-    from draftsmith.evaluation.model_card import CardInputs
+    from draftsmith.evaluation.render.model_card import CardInputs
 
     return CardInputs(**{"base_model": "b/m", "config_digest": "0", "datasets": {}, "results": results,
                          "training": TRAINING, "merge": MERGE, "prompts": PROMPTS, "drafter_config": {},
@@ -125,7 +125,7 @@ def test_the_serving_recipe_names_the_best_setting_per_concurrency_and_a_trainin
 def test_the_model_card_is_what_the_hub_shows(tmp_path, monkeypatch):
     import yaml
 
-    from draftsmith.evaluation.model_card import CardInputs, card
+    from draftsmith.evaluation.render.model_card import CardInputs, card
 
     train_config = {"num_layers": 1, "architecture": "speculators", "epochs": 3, "lr": 0.001, "optimizer": "muon",
                     "scheduler": "linear", "ttt_steps": 3, "ttt_step_loss_decay": 1.0, "total_seq_len": 1024,
@@ -184,7 +184,7 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
     assert "| DSpark | – | – | – | not served here | – | vLLM serves DSpark only with its V2 model runner |" in text
     assert "speculators DFlash" in text and "| epoch | loss | position_1_acc | position_2_acc |" in text
     assert "![drafter families](families.png)" in text
-    from draftsmith.evaluation.model_card import CardInputs, card
+    from draftsmith.evaluation.render.model_card import CardInputs, card
 
     dflash = {"transformer_layer_config": {"num_hidden_layers": 2}, "block_size": 8, "mask_token_id": 16}
     text = card(CardInputs(base_model="b/m", config_digest="0", datasets={}, results=FAMILIES,
@@ -229,7 +229,7 @@ def test_every_family_side_by_side_and_the_pick_explained(tmp_path):
 def test_a_suffix_winner_is_recommended_as_it_was_measured_without_its_tree_of_earlier_answers():
     """The grid sends each prompt more than once: with vLLM's default tree of earlier answers, suffix
     decoding at T=0 drafted the very answer it had given before. The card's command is the setting measured."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
 
     suffix = grid.evaluation("suffix", {(3, 2): (0.7, 1.2), (3, 8): (1.2, 1.5)}, trained=False)
     text = card(card_inputs(results_of({"eagle3": EAGLE3, "suffix": suffix})))
@@ -244,7 +244,7 @@ def test_a_training_free_method_that_beat_the_published_drafter_is_named_though_
     """EAGLE-3 published, DFlash best at 16, n-gram at 1.10× against EAGLE-3's 0.90×: the card for 16
     recommended EAGLE-3 at 0.90× and never named n-gram (its block showed only when n-gram beat every trained
     family)."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
 
     eagle3 = grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.9, 1.8)})
     dflash = grid.evaluation("dflash", {(7, 1): (1.2, 1.7), (7, 16): (1.3, 2.0)})
@@ -266,7 +266,7 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
     """The same target on the same prompts read 175-185 tok/s in EAGLE-3's window and 38-48 in suffix's: the
     report's headline crowned suffix decoding on a 4.8x load change. Tokens per step, which load does not
     touch, is what the pick should be read by there."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
 
     eagle3 = grid.evaluation("eagle3", {(3, 8): (1.04, 1.76)})
     suffix = grid.evaluation("suffix", {(3, 8): (2.05, 1.81)}, trained=False)
@@ -291,7 +291,7 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
     shared = {m: {**e, "baseline_shared": True} for m, e in (("eagle3", eagle3), ("suffix", suffix))}
     assert pick.load_changes(shared) == []
     # the report says where each baseline was measured: a method placed on other GPUs measured its own
-    from draftsmith.evaluation.report import _baselines
+    from draftsmith.evaluation.render.report import _baselines
 
     assert _baselines(shared) == "measured once for the whole grid (GPUs, measured one at a time)."
     assert _baselines({**shared, "suffix": suffix}).endswith(
@@ -302,7 +302,7 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
 def test_tokens_per_step_at_shorter_draft_lengths_are_derived_at_t0_and_checked_against_the_cells_measured():
     """At T=0 EAGLE-3's first k drafts do not depend on the longest k: its acceptance by position there gives
     tokens per step at every shorter length, and a grid ranked by tokens per step need not serve each."""
-    from draftsmith.evaluation.report import derived_lengths, derived_tokens_per_step
+    from draftsmith.evaluation.render.report import derived_lengths, derived_tokens_per_step
 
     # 100 drafted steps at k=3 accepting 40, 20, 10 at positions 1-3: 170 tokens over 100 steps
     acceptance = {"tokens_per_step": 1.7, "acceptance_rate_per_position": [0.4, 0.2, 0.1]}
@@ -330,11 +330,12 @@ def test_plain_serving_wins_a_tie_and_the_grid_is_ranked_on_the_device_it_was_me
 
 def test_on_gpus_a_training_free_method_slower_than_the_target_alone_is_not_recommended():
     """A band said "Serve without speculation here" and then "n-gram ... Serve it instead" at 0.95×."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
 
-    eagle3 = grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.8, 1.8)})
-    ngram = grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (0.95, 1.2)}, trained=False)
-    results = {**results_of({"eagle3": eagle3, "ngram": ngram}, pick_at=1), "on_accelerator": True}
+    eagle3 = {**grid.evaluation("eagle3", {(3, 1): (1.5, 1.8), (3, 16): (0.8, 1.8)}), "on_accelerator": True}
+    ngram = {**grid.evaluation("ngram", {(3, 1): (1.0, 1.1), (3, 16): (0.95, 1.2)}, trained=False),
+             "on_accelerator": True}
+    results = results_of({"eagle3": eagle3, "ngram": ngram}, pick_at=1)
     band_16 = band_by_band(card(card_inputs(results))).split(
         "### Batch size 16 (measured at concurrency 16)")[1].split("## ")[0]
     assert "Serve without speculation here" in band_16 and "n-gram" not in band_16
@@ -349,7 +350,7 @@ def test_the_gate_shows_no_ratio_over_a_zero_prediction_and_says_whether_it_can_
     """A gate.json from before showed a third position's ratio of 13,618,832 where the prediction was about zero,
     marked too few to judge: the table shows none there. A sampled gate says, in the report and the card alike,
     whether its band over rows is narrower than the tolerance, or how many rows would be."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
     from draftsmith.training.export import resolution_text
 
     resolution = {"rows": 19, "samples": 8, "seed": 42, "can_tell": False, "band": 0.061, "tolerance": 0.035,
@@ -375,7 +376,7 @@ def test_the_report_and_the_card_show_served_against_predicted_by_position_and_f
     """speculators#613: good validation metrics, acceptance ≈ 1.05 in vLLM. The gate's served acceptance
     stands beside the drafter's own prediction on the same rows and window, each position's ratio given and
     one below 0.8 flagged."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
 
     gate = {**GATE, "acceptance": {"drafts": 115, "acceptance_rate_per_position": [0.2, 0.01, 0.0]},
             "predicted": {"rows": 8, "drafts": 112, "acceptance_rate_per_position": [0.232, 0.027, 0.0]},
@@ -397,7 +398,7 @@ def test_every_predicted_figure_says_exact_or_estimate_and_a_replay_that_did_not
     """Sampled answers make the replay an estimate: the report, the card and the gate's table say so with the
     agreement share. A replay that failed, was skipped (online hidden states) or had no rows is named where the
     figure would stand."""
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
 
     estimate = {"basis": "estimate", "agreement": 0.874, "positions": 900}
     served = {"rows": 20, "k": 3, "tokens_per_step": 1.3, "exactness": estimate,
@@ -453,8 +454,8 @@ def test_sglang_figures_say_their_windows_include_the_drain_in_the_card_and_the_
     'at concurrency c' alone, the speed-ups hid the tail below c that they include."""
     import copy
 
-    from draftsmith.evaluation import model_card
-    from draftsmith.evaluation.report import _serving
+    from draftsmith.evaluation.render import model_card
+    from draftsmith.evaluation.render.report import _serving
 
     note = ("SGLang counts a request's tokens when it ends: these windows run to the last answer, so the tail "
             "below concurrency c is inside them.")

@@ -3,7 +3,7 @@ one vLLM config for mixed traffic; checked with vLLM's own validator and the loo
 
 import pytest
 
-from draftsmith.evaluation import pick, schedule
+from draftsmith.evaluation.decide import pick, schedule
 from tests import grid
 from tests.test_report import NGRAM
 
@@ -48,7 +48,7 @@ def test_one_draft_length_everywhere_is_the_fixed_setting_and_plain_everywhere_i
 
 
 def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_served_as_one():
-    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from draftsmith.evaluation.render.model_card import schedule as card_schedule
     from tests.test_report import card_inputs
 
     results = {**pick.results({"eagle3": EAGLE3}, [pick.summary("eagle3", EAGLE3, grid.training(), 1, "speedup", 1)],
@@ -70,7 +70,7 @@ def test_the_card_carries_the_schedule_as_one_command_and_what_it_measured_serve
 
 
 def test_a_schedule_vllm_could_not_serve_is_not_recommended():
-    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from draftsmith.evaluation.render.model_card import schedule as card_schedule
     from tests.test_report import card_inputs
 
     results = {**pick.results({"eagle3": EAGLE3}, [pick.summary("eagle3", EAGLE3, grid.training(), 1, "speedup", 1)],
@@ -117,7 +117,7 @@ def test_bands_start_where_the_engine_ran_and_vllm_drafts_what_was_measured_ther
                                         "on average)",
                                         "batch sizes 42 to 64 (measured at concurrency 64, where the engine ran 41.6 "
                                         "on average); above 64 unmeasured, served at its setting"]
-    from draftsmith.evaluation.model_card import card
+    from draftsmith.evaluation.render.model_card import card
     from tests.test_report import card_inputs
 
     results = pick.results({"eagle3": eagle3}, [pick.summary("eagle3", eagle3, grid.training(), 1, "speedup", 1)],
@@ -144,7 +144,7 @@ def test_a_band_that_did_not_hold_is_named_and_never_presented_as_plain_serving_
 def test_the_one_config_names_a_training_free_method_that_beat_the_drafter_everywhere_and_sglang_gives_none():
     """The card's one config for every batch size named the published drafter though n-gram beat it at every band;
     with `engine: sglang` it gave a vLLM schedule built from SGLang cells that no server ever ran."""
-    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from draftsmith.evaluation.render.model_card import schedule as card_schedule
     from tests.test_report import card_inputs
 
     eagle3 = grid.evaluation("eagle3", {(3, 1): (1.1, 1.5), (3, 16): (0.9, 1.5)})
@@ -170,8 +170,8 @@ def test_the_one_config_names_a_training_free_method_that_beat_the_drafter_every
 
 
 def test_a_cpus_config_says_its_draft_length_is_the_largest_not_a_gpus_best():
-    from draftsmith.evaluation.model_card import card
-    from draftsmith.evaluation.model_card import schedule as card_schedule
+    from draftsmith.evaluation.render.model_card import card
+    from draftsmith.evaluation.render.model_card import schedule as card_schedule
     from tests.test_report import card_inputs
 
     results = pick.results({"eagle3": EAGLE3}, [pick.summary("eagle3", EAGLE3, grid.training(), 1, "tau", 1)],

@@ -132,7 +132,7 @@ def test_sglang_command_and_its_limits():
 def test_each_engine_gets_its_own_flags_in_evaluation_and_generation(tmp_path):
     """vLLM's --tensor-parallel-size is SGLang's --tp: an 8-GPU SGLang evaluation lost its --tp when the
     speculative flags replaced the user's, and a SGLang baseline got vLLM's flags."""
-    from draftsmith.evaluation.evaluate import drafted_per_step, server_spec
+    from draftsmith.evaluation.measure.evaluate import drafted_per_step, server_spec
     from draftsmith.generation.server import generation_spec
 
     server = {"host": "127.0.0.1", "port": 0, "max_model_len": None, "env": {}, "startup_timeout_s": 60,

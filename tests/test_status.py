@@ -136,3 +136,24 @@ def test_a_finished_training_says_what_chose_its_checkpoint_and_its_figure(run_d
     assert ('exported epoch 1 (recorded as "epoch": 0, counted from 0) by simulated τ 1.307 (no predicted served τ: '
             "skipped: online hidden states") \
         in status.render(status.collect(config))
+
+
+def test_once_picked_status_says_what_was_published_and_what_to_serve_as_the_records_say(run_dir):
+    """The pick's figures reached the report and the card only; status now formats the same records, in the
+    card's words (a finished project's records, without the newer fields, read the same)."""
+    from draftsmith.evaluation.decide.schedule import one_config_text
+    from tests import records
+
+    config = from_snakemake_args([], REPO)
+    assert status.collect(config).published is None
+    results = records.results()
+    for files in [(results, records.serving(results), records.GATE),
+                  records.finished_before(results, records.serving(results), records.GATE)]:
+        for path, record in zip(("results/evaluation/results.json", "results/drafter/serving.json",
+                                 "results/drafter/gate.json"), files, strict=True):
+            (run_dir / path).parent.mkdir(parents=True, exist_ok=True)
+            (run_dir / path).write_text(json.dumps(record))
+        text = status.render(status.collect(config))
+        said = one_config_text(records.serving(results)["schedule"], results["serving"])
+        assert said.startswith("n-gram with 1 draft token") and said in text
+        assert f"published EAGLE-3 ({results['pick']['why']}); export gate passed: {records.GATE['verdict']}." in text

@@ -10,10 +10,10 @@ import pytest
 from aiohttp import web
 
 from draftsmith.data.datasets import Prompt
-from draftsmith.evaluation import evaluate as ev
-from draftsmith.evaluation import pick
-from draftsmith.evaluation.model_card import NO_TOOL_CALLS, card
-from draftsmith.evaluation.report import Inputs
+from draftsmith.evaluation.decide import pick
+from draftsmith.evaluation.measure import evaluate as ev
+from draftsmith.evaluation.render.model_card import NO_TOOL_CALLS, card
+from draftsmith.evaluation.render.report import Inputs
 from tests import grid
 from tests.sim.tool_server import ToolSim
 from tests.test_generate_tools import bfcl_row
@@ -228,7 +228,7 @@ def test_a_grid_with_tool_sets_serves_the_target_with_its_tool_call_parser(monke
 def test_the_training_free_page_ranks_its_methods_against_the_target_alone(tmp_path):
     """results/evaluation/training_free.md (./run.sh results/evaluation/training_free.md, before any data run):
     per concurrency the best training-free setting against plain serving, and every cell measured."""
-    from draftsmith.evaluation.report import training_free_markdown
+    from draftsmith.evaluation.render.report import training_free_markdown
 
     measured = {"ngram": grid.evaluation("ngram", {(3, 2): (1.2, 1.4)}, trained=False),
                 "suffix": grid.evaluation("suffix", {(3, 2): (1.1, 1.6)}, trained=False)}

@@ -54,7 +54,7 @@ def baseline_once_per_grid(device: str) -> bool:
     by it) rather than again in each method's window. On CUDA GPUs measurements run one at a time on devices
     of their own, so a second baseline measures the same number again, at a server start each (most of an
     hour for a 1T target). A CPU is shared with whatever else the machine runs: each method measures the
-    target alone in its own window, and windows that disagree are flagged (:mod:`draftsmith.evaluation.pick`)."""
+    target alone in its own window, and windows that disagree are flagged (:mod:`draftsmith.evaluation.decide.pick`)."""
     return is_cuda(device)
 
 

@@ -66,6 +66,7 @@ from draftsmith.data.repetition import (
     LOOPING_THRESHOLDS,
     NGRAM,
     answer_tokens,
+    looping_conditions,
     looping_share,
     repeated_share,
     summary,
@@ -643,7 +644,7 @@ def tokenize_file(responses: Path, tokenizer, out: Path, rejects_out: Path, data
     return {"layout": layout, "rows": len(rows), "rejected": len(rejects),
             "tokens": sum(r["seq_len"] for r in rows), "assistant_tokens": sum(sum(r["loss_mask"]) for r in rows),
             "round_trip": checks.as_dict(),
-            "looping": {**summary(spans, LOOPING_THRESHOLDS, measure="repeated span"),
+            "looping": {**summary(spans, LOOPING_THRESHOLDS, measure="repeated span", **looping_conditions()),
                         "dropped": dropped["max_looping"], "limit": settings.max_looping}, **ngram,
             "tools": tools.as_dict()}
 

@@ -99,11 +99,19 @@ def is_looping(input_ids: list[int], loss_mask: list[int]) -> bool:
 LOOPING_THRESHOLDS = (0.1, CYCLE_LOOPING, 0.5)
 
 
-def looping_text() -> str:
-    """The looping measure in words, for the report's table of it."""
+def looping_conditions() -> dict:
+    """What the span measure's figures depend on, recorded beside them by the tokenize job (the record's
+    conditions: :func:`looping_text` words a finished project's as they were)."""
+    return {"max_period": MAX_PERIOD, "min_cycle": MIN_CYCLE, "looping_above": CYCLE_LOOPING}
+
+
+def looping_text(recorded: dict | None = None) -> str:
+    """The looping measure in words, for the report's table of it: as ``recorded`` (a dataset's ``looping``
+    stats) says it was measured; stats from before the conditions were recorded were measured by these."""
+    said = {**looping_conditions(), **{k: v for k, v in (recorded or {}).items() if k in looping_conditions()}}
     return (f"Share of each answer's tokens that repeat the span just before them, back to back: a span of up to "
-            f"{MAX_PERIOD} tokens repeated over {MIN_CYCLE} tokens at least, each turn on its own. Above "
-            f"{CYCLE_LOOPING:g} a row is left out of the replay's figures without looping rows.")
+            f"{said['max_period']} tokens repeated over {said['min_cycle']} tokens at least, each turn on its own. "
+            f"Above {said['looping_above']:g} a row is left out of the replay's figures without looping rows.")
 
 
 def summary(shares: list[float], thresholds: tuple[float, ...] = THRESHOLDS, **measure) -> dict:

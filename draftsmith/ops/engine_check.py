@@ -293,16 +293,16 @@ def drafter_shapes(train: dict) -> dict[str, dict]:
 
 def drafter_kwargs(family: str, shape: dict) -> dict:
     """:func:`random_drafter`'s keywords for a family's shape (:func:`drafter_shapes`): EAGLE-3's flags as
-    training passes them (:func:`draftsmith.training.train._eagle3_flags`), a block family's sizes."""
+    training passes them (:func:`draftsmith.training.train.eagle3_model_flags`), a block family's sizes."""
     from draftsmith.training import families
 
     if family != families.DEFAULT_FAMILY:
         return {"block_size": shape.get("block_size"), "num_layers": shape.get("num_layers")}
     from draftsmith.training import train
 
-    flags = train._eagle3_flags({"architecture": shape.get("architecture", "speculators"),
-                                 "fc_norm": shape.get("fc_norm", False),
-                                 "train_lm_head": shape.get("train_lm_head", False)}, None)
+    flags = train.eagle3_model_flags({"architecture": shape.get("architecture", "speculators"),
+                                      "fc_norm": shape.get("fc_norm", False),
+                                      "train_lm_head": shape.get("train_lm_head", False)})
     if shape.get("draft_arch"):
         flags += ["--draft-arch", shape["draft_arch"]]
     return {"num_layers": shape.get("num_layers"), "flags": tuple(flags)}
@@ -349,7 +349,7 @@ def _served(twin: Path, drafter: Path, server_cfg: dict, log_path: Path, trust_r
     import httpx
 
     from draftsmith.config.target import Target
-    from draftsmith.evaluation import evaluate as ev
+    from draftsmith.evaluation.measure import evaluate as ev
     from draftsmith.generation.client import RequestFailed
     from draftsmith.generation.server import ServerError, managed_server
     from draftsmith.training.replay import GREEDY

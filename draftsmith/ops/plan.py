@@ -21,8 +21,8 @@ from draftsmith.core import jsonl, platform
 from draftsmith.core.units import TB, human_bytes
 from draftsmith.data.chat import prepare_messages
 from draftsmith.data.merge import MIN_VALIDATION_PROMPTS, validation_prompts
-from draftsmith.evaluation import methods
-from draftsmith.evaluation.evaluate import requests_for
+from draftsmith.evaluation.measure import methods
+from draftsmith.evaluation.measure.evaluate import requests_for
 from draftsmith.generation.generate import calls_as_structure, history_messages, journals_of
 from draftsmith.training import families, replay
 
@@ -187,7 +187,7 @@ class GridPlan:
 def grid_plan(config: dict, sets: dict[str, tuple[int, int]], results: Path, throughput: Throughput) -> GridPlan:
     """``sets``: each evaluation set's (prompts, turns). A block family drafts one length (its block);
     EAGLE-3 and the training-free methods each of ``evaluation.num_speculative_tokens``; a warm start's
-    pretrained drafter is measured beside EAGLE-3's (:func:`draftsmith.evaluation.methods.servers`).
+    pretrained drafter is measured beside EAGLE-3's (:func:`draftsmith.evaluation.measure.methods.servers`).
     Rates per concurrency and start-up times come from an earlier run's evaluations where there are any
     (output tokens over wall time, the servers' own start-up); else generation's throughput, scaled down
     below generation's concurrency (fewer requests in flight decode fewer tokens per step), and

@@ -14,7 +14,7 @@ from pathlib import Path
 from draftsmith.config.layers import aux_layer_problem, default_aux_layers
 from draftsmith.config.target import Facts, Target
 from draftsmith.core import platform
-from draftsmith.evaluation import methods
+from draftsmith.evaluation.measure import methods
 from draftsmith.ops import devices, engine_check
 from draftsmith.training import families, probe
 
@@ -47,9 +47,9 @@ def notices(config: dict, base_dir: Path | None = None) -> list[str]:
 
 def _cycled_sets(evaluation: dict, base_dir: Path) -> list[str]:
     """Evaluation sets too small for a listed concurrency: each is sent as at least two rounds of it, its
-    prompts cycled (:func:`draftsmith.evaluation.evaluate.requests_for`), so that the concurrency is held."""
+    prompts cycled (:func:`draftsmith.evaluation.measure.evaluate.requests_for`), so that the concurrency is held."""
     from draftsmith.data.datasets import load_configured
-    from draftsmith.evaluation.evaluate import requests_for
+    from draftsmith.evaluation.measure.evaluate import requests_for
 
     found = []
     for name, entry in evaluation["prompt_sets"].items():

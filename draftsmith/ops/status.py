@@ -3,7 +3,8 @@
 Read from what the jobs write, never from Snakemake's DAG, so it answers in about a second while
 jobs run: per dataset the answers journaled against the prompts and the token budget, errors and
 an ETA (the running job's own progress line); hidden-state rows stored and their bytes; the
-training epoch and the best simulated τ so far; the jobs running now (local, or SLURM through
+training epoch and the best simulated τ so far; once picked, the family published and what to serve, as the
+pick's records word it; the jobs running now (local, or SLURM through
 ``squeue``); and the final outputs still missing.
 
 Journals grow to GBs (100,000 answers with reasoning per dataset), so they are read
@@ -231,6 +232,26 @@ def running_jobs() -> list[str]:
     return sorted(jobs)
 
 
+def published() -> str | None:
+    """What the pick published and what to serve, as its records say (``results.json``, ``serving.json``,
+    the published gate), in the words the card uses; None before the pick ran."""
+    from draftsmith.evaluation.decide.schedule import one_config_text
+    from draftsmith.evaluation.measure.methods import DISPLAY_NAME
+
+    results_json, serving_json = Path("results/evaluation/results.json"), Path("results/drafter/serving.json")
+    if not results_json.exists():
+        return None
+    results = json.loads(results_json.read_text())
+    gate_json = Path("results/drafter/gate.json")
+    gate = json.loads(gate_json.read_text()) if gate_json.exists() else {}
+    plan = json.loads(serving_json.read_text())["schedule"] if serving_json.exists() else results.get("schedule")
+    family = results["pick"]["family"]
+    gate_said = f"; export gate {'passed' if gate.get('passed') else 'FAILED'}: {gate['verdict']}" \
+        if gate.get("verdict") else ""
+    serve = f" {one_config_text(plan, results.get('serving', []))}" if plan else ""
+    return f"published {DISPLAY_NAME.get(family, family)} ({results['pick']['why']}){gate_said}.{serve}"
+
+
 @dataclass
 class Status:
     datasets: list[DatasetStatus]
@@ -238,6 +259,7 @@ class Status:
     running: list[str]
     missing: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    published: str | None = None
 
 
 def collect(config: dict) -> Status:
@@ -251,7 +273,7 @@ def collect(config: dict) -> Status:
     train = result_view(config)["train"]
     training = [training_status(f, families.settings(train, f)["epochs"]) for f in train["families"]]
     status = Status(datasets, training, running_jobs(),
-                    [p for p in FINAL if not Path(p).exists()])
+                    [p for p in FINAL if not Path(p).exists()], published=published())
     status.seconds = time.monotonic() - started
     return status
 
@@ -278,6 +300,8 @@ def render(status: Status) -> str:
                      f"of {t.epochs} epochs validated, "
                      + (t.chosen or f"best simulated τ so far {tau}")
                      + (f"; optimizer step {t.global_step}" if t.global_step is not None else ""))
+    if status.published:
+        lines.append(status.published)
     lines.append("running now: " + ("; ".join(status.running) if status.running else "nothing"))
     lines.append("still missing: " + (", ".join(status.missing) if status.missing else "nothing"))
     return "\n".join(lines)

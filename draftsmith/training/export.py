@@ -172,6 +172,12 @@ GATE_CHAIN = 3  # EAGLE-3's drafts per step at the gate (a block family drafts i
 GATE_WINDOW = 64  # tokens of each answer the gate serves
 
 
+def gate_window(gate: dict | None) -> int:
+    """The tokens of each answer a gate served, as its record says (gates from before it was recorded: this
+    window, which they served)."""
+    return (gate or {}).get("window") or GATE_WINDOW
+
+
 def gate_rows(merged: Path, count: int, samplings: dict[str, dict | None], max_tokens: int = GATE_WINDOW,
               skip: set[tuple[str, int]] = frozenset()) -> list[tuple[list[int], int, dict]]:
     """``(prompt token ids, tokens to generate, sampling)`` of the first validation rows (but ``skip``: ``(dataset,

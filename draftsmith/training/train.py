@@ -132,7 +132,7 @@ def speculators_args(cfg: dict, *, verifier: str, data_dir: Path, save_dir: Path
     for key, value in args.items():
         argv += [f"--{key}", *map(str, value)] if isinstance(value, list) else [f"--{key}", str(value)]
     if family == families.DEFAULT_FAMILY:
-        argv += _eagle3_flags(cfg, from_pretrained)
+        argv += eagle3_model_flags(cfg, from_pretrained)
     return argv + (["--trust-remote-code"] if trust_remote_code else []) + ([] if compile_ else [NO_COMPILE])
 
 
@@ -140,7 +140,10 @@ def _eagle3_args(cfg: dict) -> dict:
     return {"ttt-steps": cfg["ttt_steps"], "ttt-step-loss-decay": cfg["ttt_step_loss_decay"], "loss-fn": cfg["loss_fn"]}
 
 
-def _eagle3_flags(cfg: dict, from_pretrained: Path | None) -> list[str]:
+def eagle3_model_flags(cfg: dict, from_pretrained: Path | None = None) -> list[str]:
+    """speculators' flags that shape an EAGLE-3 drafter (architecture, fc norm, trained LM head) from the training
+    settings ``cfg``: what training passes, and what the engine check builds its random drafter with, so that the
+    drafter it serves is the one training will export (a warm start's checkpoint brings its own architecture)."""
     model_flags = [] if from_pretrained else list(ARCHITECTURE_FLAGS[cfg["architecture"]])
     if cfg["fc_norm"] and not from_pretrained:
         # EAGLE-3.1's per-layer norm replaces the one norm before fc (speculators refuses both)

@@ -12,7 +12,7 @@ import pytest
 
 from draftsmith.core import compute
 from draftsmith.data.datasets import Prompt
-from draftsmith.evaluation import evaluate as ev
+from draftsmith.evaluation.measure import evaluate as ev
 from draftsmith.generation.generate import GenerationSettings, Outputs, generate, make_client
 from draftsmith.generation.server import ServerSpec, managed_server
 

@@ -159,8 +159,8 @@ def test_vllm_serves_a_schedule_that_drafts_alone_and_stops_drafting_when_the_ba
     """The schedule the card gives is vLLM's dynamic speculative decoding: served here as one config, k=3 for
     a lone request and none from a batch of 3 up, each concurrency measured as the grid measures it."""
     from draftsmith.data.datasets import Prompt
-    from draftsmith.evaluation import evaluate as ev
-    from draftsmith.evaluation import schedule
+    from draftsmith.evaluation.decide import schedule
+    from draftsmith.evaluation.measure import evaluate as ev
     from draftsmith.generation.server import ServerSpec, managed_server
 
     plan = {"family": "eagle3", "ranges": [[1, 2, 3], [3, 1024, 0]], "kind": "dynamic", "max_k": 3}
@@ -377,7 +377,7 @@ def greedy_completions(work, prompts, drafter=None) -> list[str]:
 
     from draftsmith.config.load import load_layers, validate_config
     from draftsmith.config.target import Target, resolve
-    from draftsmith.evaluation.evaluate import drafted_per_step, server_spec
+    from draftsmith.evaluation.measure.evaluate import drafted_per_step, server_spec
     from draftsmith.generation.server import managed_server
 
     config = validate_config(load_layers([CONFIG], {}))

@@ -8,9 +8,11 @@ from pathlib import Path
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.repetition import looping_text
-from draftsmith.evaluation.evaluate import held_rule_text, readings_text
-from draftsmith.evaluation.methods import CHAINS, DISPLAY_NAME
-from draftsmith.evaluation.model_card import (
+from draftsmith.evaluation.decide.pick import FIGURES, figures, label_of
+from draftsmith.evaluation.decide.schedule import describe_bands, one_config_text
+from draftsmith.evaluation.measure.evaluate import held_rule_text, readings_text
+from draftsmith.evaluation.measure.methods import CHAINS, DISPLAY_NAME
+from draftsmith.evaluation.render.model_card import (
     drain_note,
     gate_table,
     load_changed,
@@ -18,15 +20,13 @@ from draftsmith.evaluation.model_card import (
     schedule_table,
     tool_calls,
 )
-from draftsmith.evaluation.pick import FIGURES, figures, label_of
-from draftsmith.evaluation.schedule import describe_bands, one_config_text
 from draftsmith.training.export import (
     ABOVE_SHARE,
     FLAG_MIN_ACCEPTED,
-    GATE_WINDOW,
     PREDICTED_SHARE,
     basis_text,
     epoch_text,
+    gate_window,
 )
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
@@ -394,18 +394,22 @@ def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
                      + f" | {_fmt(e.get('simulated_tau'), '.3f')} | {_fmt(predicted.get('tokens_per_step'), '.3f')} | "
                      + (f"{_fmt(plain.get('tokens_per_step'), '.3f')} ({plain['rows']} of {predicted['rows']} rows)"
                         if plain else "–") + f" | {_minutes(e.get('train_s'))} | {mark} |")
-    return lines + _predicted_basis(validation)
+    return lines + _predicted_basis(validation, chosen)
 
 
-def _predicted_basis(validation: list[dict]) -> list[str]:
+def _predicted_basis(validation: list[dict], chosen: dict) -> list[str]:
     """Under the epochs' table: what the predicted served τ is (exact or an estimate, at which draft length, and
-    at each served one), or why there is none."""
+    at each served one), or why there is none, as the training job recorded its choice (``chosen``, which
+    ``./run.sh status`` formats too); a choice recorded before it held these: from the epochs' entries."""
     from draftsmith.training.train import predicted_missing, served_figure
 
     served = next((e["predicted_served"] for e in validation if e.get("predicted_served")), None)
     if served is None:
-        why_not = next(filter(None, map(predicted_missing, validation)), None)
+        why_not = chosen["predicted_missing"] if "predicted_missing" in chosen else \
+            next(filter(None, map(predicted_missing, validation)), None)
         return ["", f"No predicted served τ: {why_not}; the simulated τ chose the checkpoint."] if why_not else []
+    if chosen.get("predicted_served_tau") is not None:
+        served = {**served, "k": chosen.get("k"), "exactness": chosen.get("exactness")}
     at = f" at k={served['k']}" if served.get("k") else ""
     disagree = ((served.get("exactness") or {}).get("agreement") or 1.0) < 1.0
     lines = ["", f"Predicted served τ{at}: {basis_text(served.get('exactness'))}"
@@ -481,7 +485,7 @@ def _repetition(tokenized: dict[str, dict] | None) -> list[str]:
              "A looping answer is easy to predict: validation rewards it and traffic does not loop. Rows above a "
              "share are what a limit there would drop (generated datasets; pre-tokenized ones are not measured)."]
     if spans:
-        lines += ["", looping_text(), "", *_share_table(spans, "tokenize.max_looping")]
+        lines += ["", looping_text(next(iter(spans.values()))), "", *_share_table(spans, "tokenize.max_looping")]
     if ngrams:
         first = next(iter(ngrams.values()))
         lines += ["", f"Share of each answer's positions whose last {first['ngram']} tokens already occurred earlier "
@@ -602,7 +606,7 @@ def _cuts(cuts: dict[str, int], rows: int) -> str:
 
 def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
     """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
-    (:data:`~draftsmith.evaluation.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
+    (:data:`~draftsmith.evaluation.measure.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
     drafted step would have accepted the first ``k`` of what it accepted. With the run's tokens per step
     ``T`` and its acceptance by position ``r``: ``1 + (T - 1) * sum(r[:k]) / sum(r)``. The steps are the ones
     the longer length took, which a shorter one would place otherwise: an estimate, checked against the
@@ -653,9 +657,10 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
     if not tables:
         return []
     lines = ["## Served against predicted, by position", "",
-             f"At the export gate, each family served the first turns of validation rows (up to {GATE_WINDOW} tokens "
-             "each), and the same drafter was replayed on the stored hidden states of those rows and window, walked as "
-             "a server drafts and verifies (a block family's block from each anchor in one forward). A position "
+             "At the export gate, each family served the first turns of validation rows (up to "
+             f"{gate_window(gates[tables[0][0]])} tokens each), and the same drafter was replayed on the stored "
+             "hidden states of those rows and window, walked as a server drafts and verifies (a block family's "
+             "block from each anchor in one forward). A position "
              f"served below {PREDICTED_SHARE:g} or above {ABOVE_SHARE:g} of its prediction, where the prediction "
              f"accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts otherwise there than the "
              "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "

@@ -1,12 +1,12 @@
 """``results/drafter/README.md``: the description drafters are published with on the Hugging Face hub.
 
 YAML front matter the hub reads (base model, tags, datasets, license note), then what to serve on the first
-screen (per concurrency band the vLLM command of the setting measured best there where it needs no drafter,
-then this drafter's, each with what it gave), the acceptance per evaluation set and temperature, the serving
-recipe band by band (why each setting, SGLang's commands), the one config for every batch size, what it was
-trained on, the recipe, the config digest and how to reproduce it. Every figure comes from the run's own
-records; each rule's wording comes from the function beside the code that applies it, which the report calls
-too, so the two never differ.
+screen (per concurrency band the vLLM command of the setting the pick serves first there, one that needs no
+drafter and ranked above this drafter, then this drafter's, each with what it gave), the acceptance per
+evaluation set and temperature, the serving recipe band by band (why each setting, SGLang's commands), the one
+config for every batch size, what it was trained on, the recipe, the config digest and how to reproduce it.
+Every figure comes from the run's own records; each rule's wording comes from the function beside the code
+that applies it, which the report calls too, so the two never differ.
 """
 
 from __future__ import annotations
@@ -18,18 +18,34 @@ import yaml
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.core.units import human_bytes
 from draftsmith.data.datasets import hub_id
-from draftsmith.evaluation.evaluate import held_rule_text
-from draftsmith.evaluation.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
-from draftsmith.evaluation.pick import FIGURES, figures, load_changed_text, serving_by_workload, tool_use
-from draftsmith.evaluation.schedule import band_parts, band_text, bands, beaten_by, one_config_text, unmeasured_text
+from draftsmith.evaluation.decide.pick import (
+    FIGURES,
+    figures,
+    first_to_serve,
+    load_changed_text,
+    serve_first,
+    serve_first_text,
+    serving_by_workload,
+    tool_use,
+)
+from draftsmith.evaluation.decide.schedule import (
+    band_parts,
+    band_text,
+    bands,
+    beaten_by,
+    one_config_text,
+    unmeasured_text,
+)
+from draftsmith.evaluation.measure.evaluate import held_rule_text
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
     ABOVE_SHARE,
-    GATE_WINDOW,
     PREDICTED_SHARE,
     SAMPLED_Z,
     basis_text,
     epoch_text,
+    gate_window,
     resolution_text,
     sampling_text,
     served_weight_bytes,
@@ -109,9 +125,9 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
                                        results["pick"]["by"], inputs.workloads) if results.get("methods") else {}
     device = "a GPU" if results.get("on_accelerator") else "a CPU"
     lines = ["## What to serve", "",
-             f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}; in each "
-             "band the setting measured best comes first. Run the commands from inside this folder; each carries "
-             "the engine flags the measurement ran with."]
+             f"Measured with {results['engine']} on {device}, ranked by {FIGURES[results['pick']['by']]}. "
+             f"{serve_first_text(bool(results.get('on_accelerator')))} Run the commands from inside this folder; "
+             "each carries the engine flags the measurement ran with."]
     for band in bands(plan_of(inputs), results["concurrency"]):
         entry = by_concurrency.get(band["concurrency"], {})
         best, ours = _served_first(entry, family, bool(results.get("on_accelerator")))
@@ -133,13 +149,13 @@ def what_to_serve(inputs: CardInputs) -> list[str]:
 def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], concurrency: int,
                      pooled: dict | None) -> list[str]:
     """Each workload whose own sets, ranked alone, put another setting first at a band than the pooled sets did:
-    that setting and its command (:func:`~draftsmith.evaluation.pick.serving_by_workload`)."""
+    that setting and its command (:func:`~draftsmith.evaluation.decide.pick.serving_by_workload`)."""
     lines = []
     for workload, entries in per_workload.items():
         entry = next((e for e in entries if e["concurrency"] == concurrency), {})
         ranked = entry.get("ranked", [])
         ours = next((c for c in ranked if c["method"] == inputs.family), None)
-        own = _ahead(ranked, ours, bool(inputs.results.get("on_accelerator"))) or ours
+        own = first_to_serve(entry, inputs.family, bool(inputs.results.get("on_accelerator"))) or ours
         same = pooled is not None and own is not None and (own["method"], own["k"]) == (pooled["method"], pooled["k"])
         if own is None or same or entry.get("nothing_held"):
             continue
@@ -151,18 +167,10 @@ def _workloads_apart(inputs: CardInputs, per_workload: dict[str, list[dict]], co
 
 
 def _served_first(entry: dict, family: str, accelerator: bool) -> tuple[dict | None, dict | None]:
-    """The cells whose commands a band of the first screen gives: the setting ranked above this drafter that
-    needs no drafter (none where nothing held), and this drafter's best."""
-    ranked = entry.get("ranked", [])
-    ours = next((c for c in ranked if c["method"] == family), None)
-    return (None if entry.get("nothing_held") else _ahead(ranked, ours, accelerator)), ours
-
-
-def _ahead(ranked: list[dict], ours: dict | None, accelerator: bool) -> dict | None:
-    """The setting to serve before this drafter at a band: the first ranked above it that needs no drafter, plain
-    serving only on an accelerator (a CPU's ranking says nothing of speed)."""
-    above = ranked[:ranked.index(ours)] if ours in ranked else ranked
-    return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
+    """The cells whose commands a band of the first screen gives: the setting the pick chose to serve before this
+    drafter (:func:`~draftsmith.evaluation.decide.pick.serve_first`), and this drafter's best."""
+    ours = next((c for c in entry.get("ranked", []) if c["method"] == family), None)
+    return serve_first(entry, family, accelerator), ours
 
 
 def _best_line(cell: dict) -> str:
@@ -278,9 +286,9 @@ def _training_free_ahead(inputs: CardInputs, entry: dict, ours: int | None, figu
         against = f"this drafter's {ranked[ours]['score']:.3f}" if ours is not None else "this drafter, not measured"
         lines += [f"**{DISPLAY_NAME[cell['method']]}, which needs no drafter, beat this drafter here**: "
                   f"{_tokens(cell['k'])}, {_figures(cell)}; {figure} {cell['score']:.3f} against {against}. "
-                  + (f"Serve it instead at this concurrency. {ABOVE}" if cell is shown else
+                  + (f"Serve it instead at this concurrency. {ABOVE}" if cell == shown else
                      "Serve it instead at this concurrency:"), "",
-                  *([] if cell is shown else [*_command(inputs, cell), ""])]
+                  *([] if cell == shown else [*_command(inputs, cell), ""])]
         if cell["method"] == "suffix":
             lines += ["Suffix decoding was measured without its tree of earlier answers "
                       "(`suffix_decoding_max_cached_requests: 0`): the measurement sends each prompt more than "
@@ -397,8 +405,8 @@ def predicted_against_served(inputs: CardInputs) -> list[str]:
         return []
     return ["## Served against predicted", "",
             f"At the export gate vLLM served {_gate_epoch(inputs.gate)}the first turns of validation rows, up to "
-            f"{GATE_WINDOW} tokens each. The same drafter, replayed on the stored hidden states of those rows as a "
-            "server drafts and verifies, predicted:", "", *table]
+            f"{gate_window(inputs.gate)} tokens each. The same drafter, replayed on the stored hidden states of those "
+            "rows as a server drafts and verifies, predicted:", "", *table]
 
 
 def _gate_epoch(gate: dict | None) -> str:
@@ -421,7 +429,7 @@ def load_changed(results: dict) -> list[str]:
 def recipe_by_workload(results: dict, workloads: dict[str, str]) -> list[str]:
     """Per workload (``workloads``: each prompt set's, where they hold two or more), each concurrency's best
     setting and the best trained against the best training-free one, ranked on that workload's sets alone
-    (:func:`~draftsmith.evaluation.pick.serving_by_workload`), beside the pooled best: agent traffic that repeats
+    (:func:`~draftsmith.evaluation.decide.pick.serving_by_workload`), beside the pooled best: agent traffic that repeats
     its context may want another method than chat."""
     per = serving_by_workload(results.get("methods") or {}, results.get("concurrency") or [], results["pick"]["by"],
                               workloads) if results.get("methods") else {}

@@ -12,7 +12,7 @@ wait for their prefill (an engine mean of 7.9 at concurrency 12). So each measur
 where its engine ran: the mean running count of the served cell there, pooled over the prompt sets (the
 concurrency itself where the engine was not read), up to the next band's start; the model card's bands follow
 the same edges. Batch sizes above the largest concurrency measured keep its k (vLLM needs one) and are named
-unmeasured, as is a band whose cell did not hold its concurrency (:func:`draftsmith.evaluation.pick.serving`).
+unmeasured, as is a band whose cell did not hold its concurrency (:func:`draftsmith.evaluation.decide.pick.serving`).
 
 A schedule whose every band drafts the same k is the fixed setting the grid already measured; one that
 differs between bands is served once more and measured at every concurrency of the grid
@@ -24,8 +24,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from draftsmith.evaluation import methods
-from draftsmith.evaluation.methods import DISPLAY_NAME, PLAIN
+from draftsmith.evaluation.measure import methods
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME, PLAIN
 
 # The end of the last range: vLLM carries the last k past it anyway, and clips every range to max_num_seqs.
 LAST_BATCH = 1024
@@ -93,7 +93,7 @@ def build(serving: list[dict], family: str) -> dict:
     kind = "plain" if drafted <= {0} else "fixed" if len(drafted) == 1 else "dynamic"
     unmeasured = sorted(e["concurrency"] for e in serving
                         if not any(cell["method"] == family for cell in e.get("ranked", [])))
-    return {"family": family, "k_at": {str(c): k for c, k in sorted(ks.items())}, "ranges": spans, "kind": kind,
+    plan = {"family": family, "k_at": {str(c): k for c, k in sorted(ks.items())}, "ranges": spans, "kind": kind,
             "max_k": max(drafted, default=0), "unmeasured": unmeasured,
             "starts": {str(c): start for c, start in zip(sorted(ks), starts, strict=True)},
             "starts_from": {str(c): "engine" if running.get(c) is not None else "concurrency" for c in sorted(ks)},
@@ -101,6 +101,7 @@ def build(serving: list[dict], family: str) -> dict:
             "not_held": not_held(serving, family),
             "unmeasured_above": {"from": max(ks) + 1, "k": ks[max(ks)]} if ks and max(ks) < LAST_BATCH else None,
             "beaten_by": best_single(serving, family)}
+    return {**plan, "bands": bands(plan, sorted(ks))}
 
 
 def not_held(serving: list[dict], family: str) -> dict[str, str]:
@@ -161,8 +162,12 @@ def one_config_text(schedule: dict, serving: list[dict]) -> str:
 def bands(schedule: dict | None, concurrencies: list[int]) -> list[dict]:
     """Each measured concurrency's band of batch sizes, as the schedule's ranges start them (:func:`band_starts`):
     ``first`` and ``last`` batch size, the ``concurrency`` it was measured at, the engine's mean ``running``
-    there, and whether batch sizes above it are unmeasured (the last)."""
+    there, and whether batch sizes above it are unmeasured (the last). :func:`build` records them in the schedule,
+    and every page reads that record; a schedule from before it did has them drawn from its ranges here."""
     points = sorted(concurrencies)
+    recorded = (schedule or {}).get("bands") or []
+    if [band["concurrency"] for band in recorded] == points:
+        return recorded
     starts = _starts_of(schedule or {}, points)
     running = (schedule or {}).get("running") or {}
     return [{"first": first, "last": starts[i + 1] - 1 if i + 1 < len(points) else c, "concurrency": c,

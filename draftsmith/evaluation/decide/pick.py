@@ -15,7 +15,7 @@ drafts only where it finds a match is counted like a drafter that always drafts)
   training-free one, and what training bought (the trained drafter's tokens per target step over the best
   training-free method's). A cell whose runs did not hold their concurrency (:func:`~draftsmith.evaluation.
   evaluate.hold`: the client's requests in flight, the target alone's, or an engine that ran under
-  :data:`~draftsmith.evaluation.evaluate.HELD` of the target alone's) stands for a method only where none of its
+  :data:`~draftsmith.evaluation.measure.evaluate.HELD` of the target alone's) stands for a method only where none of its
   draft lengths held there; it is then ranked at what it delivered, with why it did not hold, and a concurrency
   where no method held says so (``nothing_held``) rather than that plain serving won.
 - Where the target alone, at one concurrency, set and temperature, read speeds more than
@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path
-from draftsmith.evaluation.methods import PLAIN
+from draftsmith.evaluation.measure.methods import PLAIN
 
 FINETUNED = "finetuned"  # the label of the drafter this workflow trained, in its family's cells
 FIGURES = {"speedup": "speed-up", "tau": "tokens per target step"}
@@ -297,8 +297,35 @@ def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: st
             "compute": first.get("compute"), "seeded_sampling": first.get("seeded_sampling"),
             "on_accelerator": first.get("on_accelerator"), "device": device_of(first), "family": chosen,
             "pick": {"by": pick_by, "at": pick_at, "family": chosen, "k": winner["best"]["k"], "why": why},
-            "runs": winner["runs"], "families": rows, "serving": serving(evaluations, concurrencies, pick_by),
+            "runs": winner["runs"], "families": rows,
+            "serving": [{**entry, "serve_first": first_to_serve(entry, chosen, bool(first.get("on_accelerator")))}
+                        for entry in serving(evaluations, concurrencies, pick_by)],
             "load_changed": load_changes(evaluations), "methods": evaluations}
+
+
+def first_to_serve(entry: dict, family: str, accelerator: bool) -> dict | None:
+    """The setting to serve before ``family``'s drafter at one concurrency (the card's first command there): the
+    first ranked above it that needs no drafter, plain serving only on an accelerator (a CPU's ranking says
+    nothing of speed); none where no method held the concurrency."""
+    if entry.get("nothing_held"):
+        return None
+    ranked = entry.get("ranked", [])
+    ours = next((cell for cell in ranked if cell["method"] == family), None)
+    above = ranked[:ranked.index(ours)] if ours is not None else ranked
+    return next((c for c in above if not c["trained"] and (accelerator or c["method"] != PLAIN)), None)
+
+
+def serve_first_text(accelerator: bool) -> str:
+    """:func:`first_to_serve`'s rule in words, for the card's first screen."""
+    among = "a training-free method, or plain serving" if accelerator else "a training-free method"
+    return (f"In each band the best-ranked setting that needs no drafter ({among}) comes first where it ranked "
+            "above this drafter; this drafter's own command follows.")
+
+
+def serve_first(entry: dict, family: str, accelerator: bool) -> dict | None:
+    """:func:`first_to_serve` as the pick recorded it in ``entry`` (results from before it was recorded: decided
+    from the same ranking now, nothing measured again)."""
+    return entry["serve_first"] if "serve_first" in entry else first_to_serve(entry, family, accelerator)
 
 
 def device_of(evaluation: dict) -> str:

@@ -35,7 +35,7 @@ from draftsmith.config.target import Target
 from draftsmith.core import compute
 from draftsmith.data.bfcl import SetupFailed
 from draftsmith.data.datasets import Prompt, load_configured
-from draftsmith.evaluation import methods
+from draftsmith.evaluation.measure import methods
 from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, ChatResult, RequestFailed, RetryPolicy
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.generation.generate import ask as ask_with_tools

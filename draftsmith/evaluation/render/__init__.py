@@ -1,0 +1,1 @@
+"""Formatting records: the report and the model card, which decide nothing (see the package docstring)."""
