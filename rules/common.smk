@@ -20,6 +20,7 @@ from draftsmith.core.digest import json_digest
 from draftsmith.data.chat import tokenize_params
 from draftsmith.data.datasets import (
     entry_params,
+    evaluation_tool_params,
     generation_tool_params,
     prompt_rows_params,
     tool_params,
@@ -288,10 +289,9 @@ def family_pretrained_input(wildcards):
     )
 
 
-# How the evaluation sets' tools reach the target, where a set is a tool workload (datasets.tool_params)
-EVALUATION_TOOLS = tool_params(
-    RESULT, [e["workload"] for e in RESULT["evaluation"]["prompt_sets"].values()]
-)
+# How the evaluation sets' tools reach the target and the reasoning their history is sent with, where a set is a
+# tool workload and each only where set (datasets.evaluation_tool_params)
+EVALUATION_TOOLS = evaluation_tool_params(RESULT)
 # The engine flags every measurement served the target with: each command the card and serving.json give carries them.
 SERVED_FLAGS = serving_methods.served_flags(
     RESULT["server"], TARGET.trust_remote_code, EVALUATION_TOOLS

