@@ -652,16 +652,55 @@ def test_a_bfcl_stretch_ends_at_bfcls_step_limit_counted(sim, tmp_path):
 
 @bfcl_installed
 def test_a_row_whose_instances_cannot_be_set_up_is_named_and_the_others_run(sim, tmp_path, caplog):
+    """Under max_error_fraction the job finishes; the row is an error (named in the log, the stats and the errors
+    file), never journaled, so the next run tries it again."""
     good = bfcl_row(["calls=pwd:"])
     broken = bfcl_row(["calls=pwd:"], "multi_turn_base_9", {**good.environment, "classes": ["NoSuchAPI"]})
     with caplog.at_level("WARNING"):
-        stats = run(sim, [good, broken], tmp_path)
+        stats = run(sim, [good, broken], tmp_path, max_error_fraction=0.5)
     assert set(records(tmp_path)) == {"multi_turn_base_0"}
     assert stats["setup_failed"] == 1 and stats["setup_failed_ids"] == ["multi_turn_base_9"]
+    assert stats["errors"] == 1 and stats["errors_by_class"] == {"setup_failed": 1}
     assert "multi_turn_base_9: its tool instances could not be set up (NoSuchAPI: KeyError" in caplog.text
-    assert "1 rows whose tool instances could not be set up were not regenerated: multi_turn_base_9" in caplog.text
+    assert "1 rows whose tool instances could not be set up were not regenerated (errors: the next run tries them " \
+           "again): multi_turn_base_9" in caplog.text
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert [(e["id"], e["error_class"]) for e in errors] == [("multi_turn_base_9", "setup_failed")]
     journal = [json.loads(line) for line in (tmp_path / "journal" / "j.jsonl").read_text().splitlines()]
-    assert {r["id"]: r["status"] for r in journal} == {"multi_turn_base_0": "ok", "multi_turn_base_9": "setup_failed"}
+    assert [r["id"] for r in journal] == ["multi_turn_base_0"]
+
+
+@bfcl_installed
+def test_a_row_whose_instances_failed_to_set_up_regenerates_once_its_environment_sets_up(sim, tmp_path,
+                                                                                         monkeypatch):
+    """Nothing lost: a set-up failure counts against max_error_fraction (the job fails, its journal kept), and the
+    rerun once the wheel sets the row's instances up regenerates it; the row answered before is not sent again. A
+    row journaled setup_failed by the version before is sent again too."""
+    from draftsmith.data import bfcl
+
+    good, other = bfcl_row(["calls=pwd:"]), bfcl_row(["calls=ls:"], "multi_turn_base_1")
+    harness, broken = bfcl.Instances._harness, {"now": True}
+
+    def flaky(self, calls):  # the wheel fails to set up ``other``'s instances while broken
+        if broken["now"] and self._environment is other.environment:
+            raise ImportError("a wheel that cannot load its classes")
+        return harness(self, calls)
+
+    monkeypatch.setattr(bfcl.Instances, "_harness", flaky)
+    with pytest.raises(GenerationFailed, match=r"1 of 2 prompts failed .* setup_failed"):
+        run(sim, [good, other], tmp_path)
+    journal = tmp_path / "journal" / "j.jsonl"
+    assert [json.loads(line)["id"] for line in journal.read_text().splitlines()] == ["multi_turn_base_0"]
+    with journal.open("a") as older:  # as the version before journaled it: final
+        older.write(json.dumps({"format": 2, "id": "multi_turn_base_1", "prompt_hash": other.digest,
+                                "status": "setup_failed", "setup_error": "ImportError", "latency_s": 0.0}) + "\n")
+    broken["now"] = False
+    sim.requests.clear()
+    stats = run(sim, [good, other], tmp_path)
+    assert stats["records"] == 2 and stats["setup_failed"] == 0 and stats["errors"] == 0
+    assert [m["content"] for m in records(tmp_path)["multi_turn_base_1"]["messages"] if m["role"] == "tool"] == [
+        '{"current_directory_content": ["document", "archive"]}']
+    assert {b["messages"][0]["content"] for b in sim.requests} == {"calls=ls:"}  # only the row not answered
 
 
 @bfcl_installed

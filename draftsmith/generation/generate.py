@@ -31,8 +31,9 @@ Semantics (documented in docs/stages.md):
   results; fewer are paired with the first). A row with an environment (BFCL multi-turn) runs every call instead
   (``unmatched_calls: execute``, its default): on the row's own instances, in whatever order and number the model
   makes them, each answered with its result or BFCL's error text, up to BFCL's step limit per stretch (counted
-  ``step_limit``); a row whose instances cannot be set up is journaled ``setup_failed``, named in the log and the
-  stats. Where the data has nothing after the calls (no result,
+  ``step_limit``); a row whose instances cannot be set up is an error (``setup_failed``: in the errors file,
+  named in the log and the stats, counted against ``max_error_fraction``), journaled never, so the next run tries
+  it again. Where the data has nothing after the calls (no result,
   no later turn: a single-turn tool set, a prompt with tools) the conversation ends at the model's
   calls, counted as ``ends_at_call``, no cut. A stretch the model ends with steps unused is a natural
   end (``fewer_calls``), counted apart, and the next user turn follows. A turn whose text holds the
@@ -111,6 +112,10 @@ log = logging.getLogger(__name__)
 
 RECORD_FORMAT = 2
 EARLY_CHECK_ANSWERS = 32
+# The error class of a row whose tool instances could not be set up (BFCL multi-turn): an error like a request that
+# failed, never journaled, so a rerun once the environment sets up regenerates it; it counts against
+# max_error_fraction, so a set whose environment is broken fails its job instead of finishing without those rows.
+SETUP_FAILED = "setup_failed"
 
 
 class GenerationInterrupted(RuntimeError):
@@ -495,8 +500,9 @@ def _records_of(done: dict[str, dict], prompt: Prompt) -> list[dict]:
 
 def _resume(prompts: list[Prompt], journal: Journal) -> _Run:
     """State of a run that starts from what the journal already holds (for these prompts only): a trajectory
-    counts once finished, its turns' tokens as journaled."""
-    run = _Run(done=journal.load())
+    counts once finished, its turns' tokens as journaled. A row journaled ``setup_failed`` (its instances not set
+    up, which the version before journaled as final) is not finished: it is sent again."""
+    run = _Run(done={k: r for k, r in journal.load().items() if r["status"] != SETUP_FAILED})
     for prompt in prompts:
         ok = [r for r in _records_of(run.done, prompt) if r["status"] == "ok"]
         run.kept += bool(ok) and _journaled(run.done, prompt)
@@ -733,10 +739,9 @@ async def _one(prompt: Prompt, client: ChatClient, settings: GenerationSettings,
         except RequestFailed as failed:
             _failed(run, prompt.id, failed)
             return
-        except bfcl.SetupFailed as failed:  # deterministic: journaled, counted and named, not retried
+        except bfcl.SetupFailed as failed:  # the wheel's or the machine's state, not the row's: tried again
             log.warning("%s: its tool instances could not be set up (%s); not regenerated", prompt.id, failed)
-            _journal({"format": RECORD_FORMAT, "id": prompt.id, "prompt_hash": prompt.digest,
-                      "status": "setup_failed", "setup_error": str(failed), "latency_s": 0.0}, journal, run, bar)
+            run.errors.append({"id": prompt.id, "error_class": SETUP_FAILED, "message": str(failed), "attempts": 1})
             return
         run.cost += conv.cost
         record = _record(prompt, conv, settings, round(time.monotonic() - begun, 3))
@@ -904,8 +909,8 @@ def _log_executed(dataset: str, stats: dict) -> None:
              "errors %s", dataset, stats["executed_steps"], stats["calls_made"], stats["calls_expected"],
              stats["execution_errors_by_reason"] or "none")
     if stats["setup_failed"]:
-        log.warning("%s: %d rows whose tool instances could not be set up were not regenerated: %s", dataset,
-                    stats["setup_failed"], ", ".join(stats["setup_failed_ids"]))
+        log.warning("%s: %d rows whose tool instances could not be set up were not regenerated (errors: the next "
+                    "run tries them again): %s", dataset, stats["setup_failed"], ", ".join(stats["setup_failed_ids"]))
 
 
 def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limits: Limits,
@@ -933,7 +938,7 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
         "fewer_calls": sum(bool(r.get("fewer_calls")) for r in ok),
         "results_by_name": sum(r.get("results_by_name", 0) for r in ok),
         "unparsed_call_markup": sum("unparsed_call_markup" in r for r in ok),
-        **_executed_stats(ok, records),
+        **_executed_stats(ok, run.errors),
         "tool_call_token_source": dict(Counter(r["tool_call_tokens"] for r in ok if "tool_call_tokens" in r)),
         "errors": len(run.errors),
         "errors_by_class": dict(Counter(e["error_class"] for e in run.errors)),
@@ -953,10 +958,11 @@ def _stats(dataset, prompts, run: _Run, client: ChatClient | None, wall_s, limit
     }
 
 
-def _executed_stats(ok: list[dict], records: list[dict]) -> dict:
+def _executed_stats(ok: list[dict], failures: list[dict]) -> dict:
     """For a set with environments (BFCL multi-turn): the steps and calls run on the rows' own instances, the calls
-    the ground truth made, the calls' errors by reason, the rows whose set-up failed (named); none otherwise."""
-    failed = sorted(r["id"] for r in records if r["status"] == "setup_failed")
+    the ground truth made, the calls' errors by reason, the rows whose set-up failed this run (named; errors, so
+    tried again by the next run); none otherwise."""
+    failed = sorted(e["id"] for e in failures if e["error_class"] == SETUP_FAILED)
     with_env = [r for r in ok if "calls_expected" in r]
     if not with_env and not failed:
         return {}
