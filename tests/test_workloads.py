@@ -120,6 +120,23 @@ def test_tokenize_reasoning_enters_the_grids_params_only_where_set_and_a_set_is_
     assert evaluation_tool_params(config("template", ["agent"])) == {}
 
 
+def test_the_target_alone_and_every_cell_are_measured_with_the_grids_reasoning(monkeypatch, tmp_path):
+    """tokenize.reasoning reaches every measurement of the grid (the target alone and each cell), read from the
+    tokenize section as tool_rendering is."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    seen = []
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "prompt_sets", lambda evaluation, base_dir: {"s": [Prompt("a", ["hi"], tools=TOOLS)]})
+    monkeypatch.setattr(ev, "runs_at", lambda *args, **kw: seen.append((kw["tool_rendering"], kw["reasoning"])) or [])
+    evaluation = {"temperatures": [0.0], "max_tokens": 8, "concurrency": [1], "engine": "vllm"}
+    grid = ev.grid_of(evaluation, {"tool_rendering": "text", "reasoning": "drop"}, tmp_path)
+    server = lambda: nullcontext(SimpleNamespace(base_url="http://x/v1"))  # noqa: E731
+    ev.measure_cells(grid, "m", ev.measure_baseline(grid, "m", server)["baseline"], {("ngram", 2): server})
+    assert seen == [("text", "drop"), ("text", "drop")]
+
+
 def with_sets(evaluation: dict, tokens_per_step: dict[str, float]) -> dict:
     """``evaluation`` with each set's runs at its own tokens per step (and speed-up), in every cell."""
     for cell in evaluation["cells"]:
