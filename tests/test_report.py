@@ -302,7 +302,8 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
 def test_tokens_per_step_at_shorter_draft_lengths_are_derived_at_t0_and_checked_against_the_cells_measured():
     """At T=0 EAGLE-3's first k drafts do not depend on the longest k: its acceptance by position there gives
     tokens per step at every shorter length, and a grid ranked by tokens per step need not serve each."""
-    from draftsmith.evaluation.render.report import derived_lengths, derived_tokens_per_step
+    from draftsmith.evaluation.decide.pick import derived_tokens_per_step
+    from draftsmith.evaluation.render.report import derived_lengths
 
     # 100 drafted steps at k=3 accepting 40, 20, 10 at positions 1-3: 170 tokens over 100 steps
     acceptance = {"tokens_per_step": 1.7, "acceptance_rate_per_position": [0.4, 0.2, 0.1]}

@@ -23,10 +23,10 @@ from draftsmith.evaluation.decide.pick import (
     figures,
     first_to_serve,
     load_changed_text,
+    recorded,
     serve_first,
     serve_first_text,
     serving_by_workload,
-    tool_use,
 )
 from draftsmith.evaluation.decide.schedule import (
     band_parts,
@@ -466,7 +466,7 @@ NO_TOOL_CALLS = "the target made no tool calls on this set: its figures measure 
 def tool_calls(results: dict, workloads: dict[str, str]) -> list[str]:
     """How many tool calls the target made on each set sent with tools; a set with none is named, since its
     figures then measure text answers, not the calls and results agent traffic holds."""
-    used = tool_use(results.get("methods") or {})
+    used = recorded(results, "tool_use")
     if not used:
         return []
     lines = ["## Tool calls", "",
@@ -515,7 +515,7 @@ def results_table(results: dict) -> list[str]:
              f"{results['engine']} on held-out prompts (decontaminated against the training prompts):", "",
              "| prompt set | prompts | temperature | τ (pooled) | tokens / step | acceptance by position |",
              "|---|---:|---:|---:|---:|---|"]
-    silent = {name for name, counts in tool_use(results.get("methods") or {}).items() if not counts["tool_calls"]}
+    silent = {name for name, counts in recorded(results, "tool_use").items() if not counts["tool_calls"]}
     for run in results["runs"]:
         acc = run["acceptance"]
         per_pos = ", ".join(f"{r:.2f}" for r in acc.get("acceptance_rate_per_position", []))

@@ -8,10 +8,11 @@ from pathlib import Path
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.repetition import looping_text
+from draftsmith.evaluation.decide import pick
 from draftsmith.evaluation.decide.pick import FIGURES, figures, label_of
 from draftsmith.evaluation.decide.schedule import describe_bands, one_config_text
 from draftsmith.evaluation.measure.evaluate import held_rule_text, readings_text
-from draftsmith.evaluation.measure.methods import CHAINS, DISPLAY_NAME
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME
 from draftsmith.evaluation.render.model_card import (
     drain_note,
     gate_table,
@@ -604,41 +605,11 @@ def _cuts(cuts: dict[str, int], rows: int) -> str:
     return f"{total} ({total / rows:.0%}: {reasons})" if rows else f"{total} ({reasons})"
 
 
-def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
-    """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
-    (:data:`~draftsmith.evaluation.measure.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
-    drafted step would have accepted the first ``k`` of what it accepted. With the run's tokens per step
-    ``T`` and its acceptance by position ``r``: ``1 + (T - 1) * sum(r[:k]) / sum(r)``. The steps are the ones
-    the longer length took, which a shorter one would place otherwise: an estimate, checked against the
-    cells measured where the grid has them."""
-    rates, per_step = acceptance.get("acceptance_rate_per_position") or [], acceptance.get("tokens_per_step")
-    if per_step is None or not rates or None in rates or k > len(rates):
-        return None
-    total = sum(rates)
-    return 1.0 + (per_step - 1.0) * sum(rates[:k]) / total if total else 1.0
-
-
 def derived_lengths(results: dict) -> list[str]:
-    """At T=0, tokens per step at every shorter draft length, derived from the longest one measured, beside the
-    cells the grid measured at those lengths: what a grid ranked by tokens per step need not serve."""
-    rows = []
-    for method, evaluation in results["methods"].items():
-        if method not in CHAINS:
-            continue
-        cells = [c for c in evaluation.get("cells", []) if c["drafter"] == label_of(evaluation) and c["runs"]]
-        for concurrency in sorted({c["concurrency"] for c in cells}):
-            here = {c["k"]: c for c in cells if c["concurrency"] == concurrency}
-            longest = here[max(here)]
-            greedy = [r for r in longest["runs"] if r["temperature"] == 0]
-            for k in range(1, longest["k"]):
-                derived = [derived_tokens_per_step(r["acceptance"], k) for r in greedy]
-                if not derived or None in derived:
-                    continue
-                measured = [r["acceptance"].get("tokens_per_step") for r in here[k]["runs"]
-                            if r["temperature"] == 0] if k in here else []
-                rows.append(f"| {DISPLAY_NAME[method]} | {concurrency} | {k} | {sum(derived) / len(derived):.3f} | "
-                            + (f"{sum(measured) / len(measured):.3f}" if measured and None not in measured else "–")
-                            + " |")
+    """The pick's derived tokens per step at shorter draft lengths (:func:`pick.derived_lengths`), beside the cells
+    the grid measured at those lengths."""
+    rows = [f"| {DISPLAY_NAME[row['method']]} | {row['concurrency']} | {row['k']} | {row['derived']:.3f} | "
+            f"{_fmt(row['measured'], '.3f')} |" for row in pick.recorded(results, "derived_lengths")]
     if not rows:
         return []
     return ["## Shorter draft lengths, derived", "",
