@@ -177,16 +177,22 @@ def serving_by_workload(evaluations: dict[str, dict], concurrencies: list[int], 
             for workload, names in sets.items()}
 
 
-def tool_use(evaluations: dict[str, dict]) -> dict[str, dict]:
-    """Per prompt set sent with tools: the requests that carried them and the tool calls the target made in
-    them, over every window measured (a baseline shared by every method counted once). Sets without tools,
-    and runs from before calls were counted, are left out."""
+def measured_runs(evaluations: dict[str, dict]) -> list[dict]:
+    """Every window measured: each method's cells' runs and the target alone's (a baseline shared by every
+    method once)."""
     runs = [r for e in evaluations.values() for c in e.get("cells", []) for r in c["runs"]]
     shared = [e for e in evaluations.values() if e.get("baseline_shared")][:1]
     for e in [*(e for e in evaluations.values() if not e.get("baseline_shared")), *shared]:
         runs += [r for point in e.get("baseline", []) for r in point["runs"]]
+    return runs
+
+
+def tool_use(evaluations: dict[str, dict]) -> dict[str, dict]:
+    """Per prompt set sent with tools: the requests that carried them and the tool calls the target made in
+    them, over every window measured (:func:`measured_runs`). Sets without tools, and runs from before calls
+    were counted, are left out."""
     out: dict[str, dict] = {}
-    for run in runs:
+    for run in measured_runs(evaluations):
         if run.get("requests_with_tools"):
             counts = out.setdefault(run["set"], {"requests_with_tools": 0, "tool_calls": 0})
             counts["requests_with_tools"] += run["requests_with_tools"]

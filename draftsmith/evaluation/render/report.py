@@ -336,7 +336,7 @@ def _evaluation(results: dict) -> list[str]:
     lines += ["", "In flight: the requests the client held over the timed window; engine ran: the engine's own count "
               "of running requests, its mean below the client's while a request waits to be admitted (a long "
               "prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than the batch. "
-              + f"{held_rule_text()} {readings_text()}"]
+              + f"{held_rule_text()} {readings_text(pick.measured_runs(results['methods']))}"]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
