@@ -22,12 +22,11 @@ from draftsmith.evaluation.render.model_card import (
     tool_calls,
 )
 from draftsmith.training.export import (
-    ABOVE_SHARE,
-    FLAG_MIN_ACCEPTED,
-    PREDICTED_SHARE,
     basis_text,
     epoch_text,
+    flag_rule_text,
     gate_window,
+    thresholds_of,
 )
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
@@ -627,22 +626,24 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
     tables = [(family, table) for family, gate in (gates or {}).items() if (table := gate_table(gate))]
     if not tables:
         return []
+    first = gates[tables[0][0]]
+    thresholds = thresholds_of(first)
     lines = ["## Served against predicted, by position", "",
              "At the export gate, each family served the first turns of validation rows (up to "
-             f"{gate_window(gates[tables[0][0]])} tokens each), and the same drafter was replayed on the stored "
+             f"{gate_window(first)} tokens each), and the same drafter was replayed on the stored "
              "hidden states of those rows and window, walked as a server drafts and verifies (a block family's "
-             "block from each anchor in one forward). A position "
-             f"served below {PREDICTED_SHARE:g} or above {ABOVE_SHARE:g} of its prediction, where the prediction "
-             f"accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts otherwise there than the "
-             "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "
-             "are not the stored ones (numerics: the prediction is then an estimate, said with its agreement "
-             "share). Rows whose answers were sampled are served sampled alike: each side is then one sample of "
-             "the same acceptance, and a gap within three standard errors of their difference, rows as the unit, is "
-             "not flagged. "
+             f"block from each anchor in one forward). {flag_rule_text(thresholds)}: the engine accepts otherwise "
+             "there than the drafter does (its attention, rope or a later step's inputs differ from training), or the "
+             "served answers are not the stored ones (numerics: the prediction is then an estimate, said with its "
+             "agreement share). Rows whose answers were sampled are served sampled alike: each side is then one "
+             f"sample of the same acceptance, and a gap within {thresholds['sampled_z']:g} standard errors of their "
+             "difference, rows as the unit, is not flagged. "
              "DSpark: an engine whose confidence head cuts a block short accepts less at the later "
              "positions than the replay, which drafts the whole block."]
     for family, table in tables:
-        lines += ["", f"{DISPLAY_NAME[family]}:", "", *table]
+        own = thresholds_of(gates[family])  # a family gated again since, by other thresholds, says its own
+        said = "" if own == thresholds else f" {flag_rule_text(own)} at its gate."
+        lines += ["", f"{DISPLAY_NAME[family]}:{said}", "", *table]
     return lines
 
 
