@@ -115,6 +115,7 @@ def main() -> None:
                                 "predicted": predicted, "predicted_missing": why_not, "positions": positions,
                                 "validation_first_token_accuracy": expected, "epoch": epoch,
                                 "validation_rows": len(rows), "window": ex.GATE_WINDOW, "samples": samples,
+                                "thresholds": ex.flag_thresholds(),
                                 "seed": seed, "served_per_row": served["per_row"], "resolution": resolution})
     (log.info if passed else log.error)("gate: %s%s", verdict, "" if passed else "; left out of the pick")
 

@@ -9,6 +9,7 @@ import copy
 
 from draftsmith.evaluation.decide import pick, schedule
 from draftsmith.evaluation.measure import methods
+from draftsmith.training import export
 from tests import grid
 
 NGRAM = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -56,23 +57,26 @@ GATE = {"passed": True, "epoch": 2, "verdict": "served first-token acceptance 0.
         "acceptance": {"drafts": 120, "acceptance_rate_per_position": [0.61, 0.4, 0.2]},
         "predicted": {"rows": 8, "drafts": 118, "acceptance_rate_per_position": [0.64, 0.42, 0.22],
                       "exactness": {"basis": "estimate", "agreement": 0.97}},
+        "thresholds": export.flag_thresholds(),
         "positions": [{"position": i + 1, "predicted": p, "served": s, "ratio": s / p, "flag": False}
                       for i, (p, s) in enumerate(((0.64, 0.61), (0.42, 0.4), (0.22, 0.2)))]}
 
 
 def finished_before(results: dict, serving: dict, gate: dict) -> tuple[dict, dict, dict]:
     """The same records as a project finished before their newer fields were written: no ``beaten_by``, band
-    starts, bands or engine means in the schedule, no ``serve_first`` in the pick's serving table, no ``held_why`` on a
-    run, no epoch in the gate."""
+    starts, bands or engine means in the schedule, no ``serve_first``, tool use or derived draft lengths from the pick,
+    no ``held_why`` or reading conditions on a run, no epoch or flag thresholds in the gate."""
     results, serving, gate = copy.deepcopy(results), copy.deepcopy(serving), copy.deepcopy(gate)
     for plan in (results["schedule"], serving["schedule"]):
         for key in ("beaten_by", "starts", "starts_from", "running", "bands"):
             plan.pop(key)
     for entry in results["serving"]:
         entry.pop("serve_first")
-    for evaluation in results["methods"].values():
-        for cell in evaluation["cells"]:
-            for run in cell["runs"]:
-                run.pop("held_why", None)
+    for figure in pick.RECORDED:
+        results.pop(figure)
+    for run in pick.measured_runs(results["methods"]):
+        for key in ("held_why", "sample_s", "min_readings"):
+            run.pop(key, None)
     gate.pop("epoch")
+    gate.pop("thresholds", None)
     return results, serving, gate

@@ -104,8 +104,6 @@ def test_the_held_rule_reads_as_the_code_judges():
     assert ev.hold({"mean_in_flight": ev.HELD * c}, None, c) is None
     assert ev.hold({"mean_in_flight": ev.HELD * c - 0.01}, None, c)
     assert ev.hold({"mean_in_flight": 12.0}, {"mean_in_flight": ev.HELD * c - 0.01}, c)
-    assert f"read every {ev.SAMPLE_S:g} s" in ev.readings_text() and f"fewer than {ev.MIN_READINGS} times" in \
-        ev.readings_text()
 
 
 def test_the_cards_first_screen_says_what_to_serve_in_short_notes():
@@ -282,3 +280,88 @@ def test_the_first_screens_rule_reads_as_the_pick_chooses(accelerator):
         assert pick.first_to_serve({"ranked": ranked}, "eagle3", accelerator) == expected, order
     text, _ = render(records.results(), records.serving(records.results()), records.GATE)
     assert pick.serve_first_text(True) in text
+
+
+def sections(report: str, heading: str) -> str:
+    return report.split(f"## {heading}")[1].split("\n## ")[0]
+
+
+def test_tool_use_and_derived_lengths_are_the_picks_records():
+    """The report derived shorter draft lengths and the card counted tool calls from the measured runs each time
+    they rendered: the pick now records both in results.json, and the pages format the record. A finished project's
+    results, without them, render the same figures, decided from its measured runs by the same function."""
+    from draftsmith.evaluation.decide import pick
+
+    results = records.results()
+    assert results["derived_lengths"] == pick.derived_lengths(results["methods"])
+    assert results["tool_use"] == pick.tool_use(results["methods"]) == {}
+    served = records.serving(results)
+    _, report = render(results, served, records.GATE)
+    older = records.finished_before(results, served, records.GATE)
+    assert sections(render(*older)[1], "Shorter draft lengths") == sections(report, "Shorter draft lengths")
+    # a record that says otherwise is what the pages show: they decide neither
+    results["derived_lengths"] = [{**results["derived_lengths"][0], "derived": 9.876}]
+    results["tool_use"] = {"chat": {"requests_with_tools": 7, "tool_calls": 0}}
+    text, report = render(results, served, records.GATE)
+    assert "| EAGLE-3 | 1 | 1 | 9.876 | 1.500 |" in report and "| 1.720 |" not in report
+    for page in (text, report):
+        assert "chat: 0 tool calls in 7 requests with tools" in page
+
+
+def test_the_readings_are_worded_as_each_run_recorded_them():
+    """The report said the engine's count was read every 0.5 s where ``SAMPLE_S`` was 0.25: it worded today's
+    constant. Each run now records the interval it was read at and the readings a window needs, and the report
+    words those; runs from before they were recorded read as today's."""
+    run = ev.SetRun(prompts=4, concurrency=2, sent=4, completed=4, output_tokens=40, window_s=1.0, in_flight=2.0)
+    assert {key: run.as_dict()[key] for key in ("sample_s", "min_readings")} == \
+        {"sample_s": ev.SAMPLE_S, "min_readings": ev.MIN_READINGS}
+    results = records.results()
+    served = records.serving(results)
+    for measured in pick_runs(results):
+        measured.update(sample_s=0.5, min_readings=6)
+    _, report = render(results, served, records.GATE)
+    said = ev.readings_text(pick_runs(results))
+    assert said == "The engine's count is read every 0.5 s; a window read fewer than 6 times is sent more rounds " \
+                   "until it is." and said in report
+    pick_runs(results)[0]["sample_s"] = 0.25
+    assert "read every 0.25 s or 0.5 s;" in render(results, served, records.GATE)[1]
+    older = records.finished_before(results, served, records.GATE)
+    assert f"read every {ev.SAMPLE_S:g} s; a window read fewer than {ev.MIN_READINGS} times" in render(*older)[1]
+
+
+def pick_runs(results: dict) -> list[dict]:
+    from draftsmith.evaluation.decide import pick
+
+    return pick.measured_runs(results["methods"])
+
+
+def test_the_gates_flags_are_worded_from_the_thresholds_it_recorded():
+    """The report and the card worded the gate's flag from today's PREDICTED_SHARE, ABOVE_SHARE and
+    FLAG_MIN_ACCEPTED: gate.json now records the thresholds it flagged by, the pages word those, and the rule's
+    text reads as :func:`off_prediction` flags."""
+    from draftsmith.training import export as ex
+
+    now = ex.flag_thresholds()
+    below, above, least, z = now["predicted_share"], now["above_share"], now["flag_min_accepted"], now["sampled_z"]
+    assert (below, above, least, z) == (ex.PREDICTED_SHARE, ex.ABOVE_SHARE, ex.FLAG_MIN_ACCEPTED, ex.SAMPLED_Z)
+    said = ex.flag_rule_text(now)
+    assert f"below {below:g} or above {above:g} of its prediction" in said and f"accepts {least} drafts" in said
+    assert ex.off_prediction(below * 0.5, 0.5, least) is False and ex.off_prediction(above * 0.5, 0.5, least) is False
+    assert ex.off_prediction(below * 0.5 - 1e-6, 0.5, least) == "below"
+    assert ex.off_prediction(above * 0.5 + 1e-6, 0.5, least) == "above"
+    assert ex.off_prediction(0.1, 0.5, least - 0.5) is None
+    assert ex.off_prediction(0.3, 0.5, least, spread=0.2 / z) is False  # within z standard errors of the gap
+    results = records.results()
+    served = records.serving(results)
+    recorded = {"predicted_share": 0.7, "above_share": 1.5, "flag_min_accepted": 5, "sampled_z": 2.0}
+    positions = [{**records.GATE["positions"][0], "ratio": 0.6, "flag": True, "direction": "below"},
+                 *records.GATE["positions"][1:]]
+    gate = {**records.GATE, "thresholds": recorded, "positions": positions}
+    text, report = render(results, served, gate)
+    assert ex.flag_rule_text(recorded) in report and "within 2 standard errors" in report
+    for page in (text, report):
+        assert "**below 0.7**" in page and f"**below {below:g}**" not in page
+    gate.pop("thresholds")  # a gate from before they were recorded: today's
+    text, report = render(results, served, gate)
+    assert said in report and f"within {z:g} standard errors" in report
+    assert f"**below {below:g}**" in text

@@ -302,7 +302,8 @@ def test_windows_whose_target_alone_disagrees_are_flagged_and_the_pick_names_it(
 def test_tokens_per_step_at_shorter_draft_lengths_are_derived_at_t0_and_checked_against_the_cells_measured():
     """At T=0 EAGLE-3's first k drafts do not depend on the longest k: its acceptance by position there gives
     tokens per step at every shorter length, and a grid ranked by tokens per step need not serve each."""
-    from draftsmith.evaluation.render.report import derived_lengths, derived_tokens_per_step
+    from draftsmith.evaluation.decide.pick import derived_tokens_per_step
+    from draftsmith.evaluation.render.report import derived_lengths
 
     # 100 drafted steps at k=3 accepting 40, 20, 10 at positions 1-3: 170 tokens over 100 steps
     acceptance = {"tokens_per_step": 1.7, "acceptance_rate_per_position": [0.4, 0.2, 0.1]}
@@ -351,7 +352,7 @@ def test_the_gate_shows_no_ratio_over_a_zero_prediction_and_says_whether_it_can_
     marked too few to judge: the table shows none there. A sampled gate says, in the report and the card alike,
     whether its band over rows is narrower than the tolerance, or how many rows would be."""
     from draftsmith.evaluation.render.model_card import card
-    from draftsmith.training.export import resolution_text
+    from draftsmith.training.export import resolution_text, thresholds_of
 
     resolution = {"rows": 19, "samples": 8, "seed": 42, "can_tell": False, "band": 0.061, "tolerance": 0.035,
                   "rows_needed": 58}
@@ -364,7 +365,7 @@ def test_the_gate_shows_no_ratio_over_a_zero_prediction_and_says_whether_it_can_
                           {"position": 3, "predicted": 2.9e-10, "served": 0.004, "ratio": 13618832.0, "flag": None,
                            "predicted_accepted": 2.9e-7}],
             "resolution": resolution}
-    told = resolution_text(resolution)
+    told = resolution_text(resolution, thresholds_of(gate))
     assert "this gate cannot tell sampling from a fault at this size; about 58 rows would" in told
     text = report(tmp_path, Inputs(RESULTS, GENERATION, PROMPTS, MERGE, VOCAB, TRAINING, gate, gates={"eagle3": gate}))
     shown = card(card_inputs(RESULTS, gate=gate))

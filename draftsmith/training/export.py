@@ -316,6 +316,26 @@ def off_prediction(served: float, predicted: float, count: float, spread: float 
     return "above" if served > ABOVE_SHARE * predicted else False
 
 
+def flag_thresholds() -> dict:
+    """The thresholds :func:`off_prediction` flags a position by, recorded in gate.json beside the positions they
+    flagged (``thresholds``), so that every page words the rule the gate applied."""
+    return {"predicted_share": PREDICTED_SHARE, "above_share": ABOVE_SHARE, "flag_min_accepted": FLAG_MIN_ACCEPTED,
+            "sampled_z": SAMPLED_Z}
+
+
+def thresholds_of(gate: dict | None) -> dict:
+    """The thresholds a gate flagged its positions by, as gate.json recorded them. Gates from before they were
+    recorded: today's (:func:`flag_thresholds`), which they may not have applied."""
+    return (gate or {}).get("thresholds") or flag_thresholds()
+
+
+def flag_rule_text(thresholds: dict) -> str:
+    """:func:`off_prediction`'s rule in words, from the ``thresholds`` a gate recorded (:func:`thresholds_of`)."""
+    return (f"A position served below {thresholds['predicted_share']:g} or above {thresholds['above_share']:g} of "
+            f"its prediction, where the prediction accepts {thresholds['flag_min_accepted']} drafts or more, is "
+            "flagged")
+
+
 def gate_resolution(positions: list[dict], rows: int, samples: int, seed: int | None,
                     served_per_row: bool) -> dict:
     """Whether a sampled gate can tell sampling from a fault at position 1: its band (:data:`SAMPLED_Z` standard
@@ -337,11 +357,11 @@ def gate_resolution(positions: list[dict], rows: int, samples: int, seed: int | 
     return out
 
 
-def resolution_text(resolution: dict | None) -> str:
+def resolution_text(resolution: dict | None, thresholds: dict) -> str:
     """A sampled gate's resolution in words, the same in gate.json's verdict, the report and the card (gates from
-    before it was recorded: empty). A count served twice under one seed can still differ: the request's own
-    generator repeats its draws, but its logits vary with the batch it shares (batch composition), and a retried
-    gate serves again."""
+    before it was recorded: empty), at the ``thresholds`` the gate flagged by (:func:`thresholds_of`). A count
+    served twice under one seed can still differ: the request's own generator repeats its draws, but its logits
+    vary with the batch it shares (batch composition), and a retried gate serves again."""
     if not resolution:
         return ""
     seeded = f"seed {resolution['seed']}" if resolution.get("seed") is not None else "unseeded"
@@ -355,10 +375,12 @@ def resolution_text(resolution: dict | None) -> str:
         return f"over {size}: cannot tell sampling from a fault, position 1 predicts too few accepted drafts"
     if why == "under two rows":
         return f"over {size}: cannot tell sampling from a fault, one row has no spread over rows"
-    band = (f"the band at position 1, {SAMPLED_Z:g} standard errors over rows, is ±{resolution['band']:.3f} against "
-            f"a tolerance of ±{resolution['tolerance']:.3f} ({1 - PREDICTED_SHARE:.0%} of the prediction)")
+    below, above = thresholds["predicted_share"], thresholds["above_share"]
+    band = (f"the band at position 1, {thresholds['sampled_z']:g} standard errors over rows, is "
+            f"±{resolution['band']:.3f} against a tolerance of ±{resolution['tolerance']:.3f} ({1 - below:.0%} of the "
+            "prediction)")
     if resolution["can_tell"]:
-        return f"over {size}: {band}: a gap outside {PREDICTED_SHARE:g}-{ABOVE_SHARE:g} is beyond sampling"
+        return f"over {size}: {band}: a gap outside {below:g}-{above:g} is beyond sampling"
     return (f"over {size}: {band}: this gate cannot tell sampling from a fault at this size; about "
             f"{resolution['rows_needed']} rows would (export.gate_prompts)")
 
@@ -399,7 +421,7 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
                                  served_per_row is not None) if sampled else None
     source = "predicted" if predicted_rates else "validation"
     label = f", {basis_text(exactness)}" if exactness else ""
-    told = f"; {resolution_text(resolution)}" if resolution else ""
+    told = f"; {resolution_text(resolution, flag_thresholds())}" if resolution else ""
     expected_first = predicted_rates[0] if predicted_rates else expected_first
     served = (served_rates or [0.0])[0] or 0.0
     if expected_first is None or expected_first < min_expected:

@@ -36,7 +36,7 @@ import shutil
 from pathlib import Path
 
 from draftsmith.core.atomic import atomic_path
-from draftsmith.evaluation.measure.methods import PLAIN
+from draftsmith.evaluation.measure.methods import CHAINS, PLAIN
 
 FINETUNED = "finetuned"  # the label of the drafter this workflow trained, in its family's cells
 FIGURES = {"speedup": "speed-up", "tau": "tokens per target step"}
@@ -177,21 +177,81 @@ def serving_by_workload(evaluations: dict[str, dict], concurrencies: list[int], 
             for workload, names in sets.items()}
 
 
-def tool_use(evaluations: dict[str, dict]) -> dict[str, dict]:
-    """Per prompt set sent with tools: the requests that carried them and the tool calls the target made in
-    them, over every window measured (a baseline shared by every method counted once). Sets without tools,
-    and runs from before calls were counted, are left out."""
+def measured_runs(evaluations: dict[str, dict]) -> list[dict]:
+    """Every window measured: each method's cells' runs and the target alone's (a baseline shared by every
+    method once)."""
     runs = [r for e in evaluations.values() for c in e.get("cells", []) for r in c["runs"]]
     shared = [e for e in evaluations.values() if e.get("baseline_shared")][:1]
     for e in [*(e for e in evaluations.values() if not e.get("baseline_shared")), *shared]:
         runs += [r for point in e.get("baseline", []) for r in point["runs"]]
+    return runs
+
+
+def tool_use(evaluations: dict[str, dict]) -> dict[str, dict]:
+    """Per prompt set sent with tools: the requests that carried them and the tool calls the target made in
+    them, over every window measured (:func:`measured_runs`). Sets without tools, and runs from before calls
+    were counted, are left out."""
     out: dict[str, dict] = {}
-    for run in runs:
+    for run in measured_runs(evaluations):
         if run.get("requests_with_tools"):
             counts = out.setdefault(run["set"], {"requests_with_tools": 0, "tool_calls": 0})
             counts["requests_with_tools"] += run["requests_with_tools"]
             counts["tool_calls"] += run.get("tool_calls", 0)
     return out
+
+
+def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
+    """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
+    (:data:`~draftsmith.evaluation.measure.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
+    drafted step would have accepted the first ``k`` of what it accepted. With the run's tokens per step
+    ``T`` and its acceptance by position ``r``: ``1 + (T - 1) * sum(r[:k]) / sum(r)``. The steps are the ones
+    the longer length took, which a shorter one would place otherwise: an estimate, checked against the
+    cells measured where the grid has them."""
+    rates, per_step = acceptance.get("acceptance_rate_per_position") or [], acceptance.get("tokens_per_step")
+    if per_step is None or not rates or None in rates or k > len(rates):
+        return None
+    total = sum(rates)
+    return 1.0 + (per_step - 1.0) * sum(rates[:k]) / total if total else 1.0
+
+
+def _mean_t0(runs: list[dict], figure) -> float | None:
+    values = [figure(r) for r in runs if r["temperature"] == 0]
+    return sum(values) / len(values) if values and None not in values else None
+
+
+def derived_lengths(evaluations: dict[str, dict]) -> list[dict]:
+    """At T=0, each chain method's tokens per step at every draft length shorter than the longest it measured
+    at a concurrency (:func:`derived_tokens_per_step`, mean over sets), beside the mean its grid measured at that
+    length (None where it measured none): what a grid ranked by tokens per step need not serve."""
+    rows = []
+    for method, evaluation in evaluations.items():
+        if method not in CHAINS:
+            continue
+        cells = [c for c in evaluation.get("cells", []) if c["drafter"] == label_of(evaluation) and c["runs"]]
+        for concurrency in sorted({c["concurrency"] for c in cells}):
+            here = {c["k"]: c for c in cells if c["concurrency"] == concurrency}
+            longest = here[max(here)]
+            for k in range(1, longest["k"]):
+                derived = _mean_t0(longest["runs"], lambda r, k=k: derived_tokens_per_step(r["acceptance"], k))
+                if derived is None:
+                    continue
+                measured = _mean_t0(here[k]["runs"], lambda r: r["acceptance"].get("tokens_per_step")) \
+                    if k in here else None
+                rows.append({"method": method, "concurrency": concurrency, "k": k, "derived": derived,
+                             "measured": measured})
+    return rows
+
+
+# The figures the pick decides from the measured records and records in results.json beside them, each with the
+# function that decides it, so that the report and the card format them and decide nothing (:func:`recorded`).
+RECORDED = {"tool_use": tool_use, "derived_lengths": derived_lengths}
+
+
+def recorded(results: dict, figure: str):
+    """One of :data:`RECORDED`'s figures as the pick recorded it in ``results`` (results from before it was
+    recorded: decided now, by the same function, from the measured records they hold; nothing measured
+    again)."""
+    return results[figure] if figure in results else RECORDED[figure](results.get("methods") or {})
 
 
 def load_changes(evaluations: dict[str, dict]) -> list[dict]:
@@ -288,7 +348,8 @@ def choose(rows: list[dict], pick_by: str, pick_at: int) -> tuple[str, str]:
 def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: str, concurrencies: list[int],
             pick_by: str, pick_at: int, ngram: dict) -> dict:
     """``results/evaluation/results.json``: the pick, the serving table per concurrency, every family's row,
-    every method's evaluation, and the picked cell's runs (what the model card's acceptance table shows). The
+    every method's evaluation, the picked cell's runs (what the model card's acceptance table shows) and the
+    figures decided from the evaluations (:data:`RECORDED`). The
     table per workload is the card's and the report's (:func:`serving_by_workload`): a label that the pick, and
     the schedule served after it, do not depend on."""
     winner, first = next(r for r in rows if r["family"] == chosen), evaluations[chosen]  # measured: it won
@@ -300,7 +361,8 @@ def results(evaluations: dict[str, dict], rows: list[dict], chosen: str, why: st
             "runs": winner["runs"], "families": rows,
             "serving": [{**entry, "serve_first": first_to_serve(entry, chosen, bool(first.get("on_accelerator")))}
                         for entry in serving(evaluations, concurrencies, pick_by)],
-            "load_changed": load_changes(evaluations), "methods": evaluations}
+            "load_changed": load_changes(evaluations), "methods": evaluations,
+            **{figure: decide(evaluations) for figure, decide in RECORDED.items()}}
 
 
 def first_to_serve(entry: dict, family: str, accelerator: bool) -> dict | None:

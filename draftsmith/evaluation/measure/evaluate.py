@@ -171,7 +171,7 @@ class SetRun:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
                 "window_s": round(self.window_s, 3), "mean_in_flight": round(self.in_flight, 2),
                 "mean_running": None if self.running is None else round(self.running, 2),
-                "peak_running": self.peak_running, "readings": self.readings,
+                "peak_running": self.peak_running, "readings": self.readings, **reading_conditions({}),
                 "repeats": round(self.dispatched / self.prompts, 2), "tokens_counted": self.tokens_counted,
                 "requests_with_tools": self.requests_with_tools, "tool_calls": self.tool_calls,
                 "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
@@ -791,10 +791,21 @@ def held_rule_text() -> str:
             f"ran {HELD:g} of the target alone's mean running count.")
 
 
-def readings_text() -> str:
-    """How the engine's running count that :func:`hold` judges is read, in one sentence."""
-    return (f"The engine's count is read every {SAMPLE_S:g} s; a window read fewer than {MIN_READINGS} times is "
-            "sent more rounds until it is.")
+def reading_conditions(run: dict) -> dict:
+    """How a run's engine count was read (every ``sample_s`` seconds, its window sent more rounds below
+    ``min_readings`` readings), as the run recorded it beside its readings. Runs from before it was recorded:
+    today's :data:`SAMPLE_S` and :data:`MIN_READINGS`, which they may not have been read at (0.5 s once)."""
+    return {"sample_s": run.get("sample_s", SAMPLE_S), "min_readings": run.get("min_readings", MIN_READINGS)}
+
+
+def readings_text(runs: list[dict]) -> str:
+    """How the engine's running count that :func:`hold` judges was read in ``runs``, in one sentence, from the
+    conditions each recorded (:func:`reading_conditions`; several where windows were read otherwise)."""
+    conditions = [reading_conditions(run) for run in runs] or [reading_conditions({})]
+    every = " or ".join(f"{s:g} s" for s in sorted({c["sample_s"] for c in conditions}))
+    fewer = " or ".join(str(n) for n in sorted({c["min_readings"] for c in conditions}))
+    return (f"The engine's count is read every {every}; a window read fewer than {fewer} times is sent more rounds "
+            "until it is.")
 
 
 def against(runs: list[dict], base_runs: list[dict], concurrency: int) -> list[dict]:

@@ -23,10 +23,10 @@ from draftsmith.evaluation.decide.pick import (
     figures,
     first_to_serve,
     load_changed_text,
+    recorded,
     serve_first,
     serve_first_text,
     serving_by_workload,
-    tool_use,
 )
 from draftsmith.evaluation.decide.schedule import (
     band_parts,
@@ -40,15 +40,13 @@ from draftsmith.evaluation.measure.evaluate import held_rule_text
 from draftsmith.evaluation.measure.methods import DISPLAY_NAME, DRAFTER_HERE, PLAIN, served_command, speculative_config
 from draftsmith.generation.generate import GenerationSettings
 from draftsmith.training.export import (
-    ABOVE_SHARE,
-    PREDICTED_SHARE,
-    SAMPLED_Z,
     basis_text,
     epoch_text,
     gate_window,
     resolution_text,
     sampling_text,
     served_weight_bytes,
+    thresholds_of,
 )
 
 
@@ -371,11 +369,12 @@ def gate_table(gate: dict) -> list[str]:
     if not positions:
         return [f"No prediction to set beside the served acceptance: {gate['predicted_missing']}."] \
             if gate.get("predicted_missing") else []
-    predicted = gate.get("predicted") or {}
+    predicted, thresholds = gate.get("predicted") or {}, thresholds_of(gate)
     # no ratio over a prediction too small to judge (gates from before computed one: not shown)
     rows = [f"| {p['position']} | {p['predicted']:.3f} | {p['served']:.3f} | "
-            f"{_num(p['ratio'] if p['flag'] is not None else None, '.2f')} | " + _flag(p) + " |" for p in positions]
-    told = resolution_text(gate.get("resolution"))
+            f"{_num(p['ratio'] if p['flag'] is not None else None, '.2f')} | {_flag(p, thresholds)} |"
+            for p in positions]
+    told = resolution_text(gate.get("resolution"), thresholds)
     return ["| position | predicted | served | served / predicted | |", "|---:|---:|---:|---:|---|", *rows, "",
             f"Over {predicted.get('rows', '–')} rows: {_num(predicted.get('drafts'), 'g')} drafts predicted, "
             f"{_num(gate['acceptance'].get('drafts'), 'g')} served. Predicted: "
@@ -386,16 +385,19 @@ def gate_table(gate: dict) -> list[str]:
             + (f" Sampled, {told}." if told else "")]
 
 
-def _flag(position: dict) -> str:
+def _flag(position: dict, thresholds: dict) -> str:
+    """A position's flag in words, at the ``thresholds`` its gate flagged by."""
+    below, above = thresholds["predicted_share"], thresholds["above_share"]
     if position["flag"] is None:
         return f"too few to judge ({position.get('predicted_accepted', 0):.3g} predicted accepted)"
     if not position["flag"]:
         ratio, spread = position.get("ratio"), position.get("spread")
-        outside = ratio is not None and not PREDICTED_SHARE <= ratio <= ABOVE_SHARE
-        return f"within the two samples' spread (±{SAMPLED_Z * spread:.3f})" if outside and spread else ""
+        outside = ratio is not None and not below <= ratio <= above
+        return f"within the two samples' spread (±{thresholds['sampled_z'] * spread:.3f})" if outside and spread \
+            else ""
     if position.get("direction") == "above":
-        return f"**above {ABOVE_SHARE:g}**"
-    return f"**below {PREDICTED_SHARE:g}**"  # gates from before the flag looked both ways: below
+        return f"**above {above:g}**"
+    return f"**below {below:g}**"  # gates from before the flag looked both ways: below
 
 
 def predicted_against_served(inputs: CardInputs) -> list[str]:
@@ -466,7 +468,7 @@ NO_TOOL_CALLS = "the target made no tool calls on this set: its figures measure 
 def tool_calls(results: dict, workloads: dict[str, str]) -> list[str]:
     """How many tool calls the target made on each set sent with tools; a set with none is named, since its
     figures then measure text answers, not the calls and results agent traffic holds."""
-    used = tool_use(results.get("methods") or {})
+    used = recorded(results, "tool_use")
     if not used:
         return []
     lines = ["## Tool calls", "",
@@ -515,7 +517,7 @@ def results_table(results: dict) -> list[str]:
              f"{results['engine']} on held-out prompts (decontaminated against the training prompts):", "",
              "| prompt set | prompts | temperature | τ (pooled) | tokens / step | acceptance by position |",
              "|---|---:|---:|---:|---:|---|"]
-    silent = {name for name, counts in tool_use(results.get("methods") or {}).items() if not counts["tool_calls"]}
+    silent = {name for name, counts in recorded(results, "tool_use").items() if not counts["tool_calls"]}
     for run in results["runs"]:
         acc = run["acceptance"]
         per_pos = ", ".join(f"{r:.2f}" for r in acc.get("acceptance_rate_per_position", []))

@@ -8,10 +8,11 @@ from pathlib import Path
 from draftsmith.core.atomic import atomic_path, write_text
 from draftsmith.core.platform import cpu_draft_length_text, cpu_ranking_text
 from draftsmith.data.repetition import looping_text
+from draftsmith.evaluation.decide import pick
 from draftsmith.evaluation.decide.pick import FIGURES, figures, label_of
 from draftsmith.evaluation.decide.schedule import describe_bands, one_config_text
 from draftsmith.evaluation.measure.evaluate import held_rule_text, readings_text
-from draftsmith.evaluation.measure.methods import CHAINS, DISPLAY_NAME
+from draftsmith.evaluation.measure.methods import DISPLAY_NAME
 from draftsmith.evaluation.render.model_card import (
     drain_note,
     gate_table,
@@ -21,12 +22,11 @@ from draftsmith.evaluation.render.model_card import (
     tool_calls,
 )
 from draftsmith.training.export import (
-    ABOVE_SHARE,
-    FLAG_MIN_ACCEPTED,
-    PREDICTED_SHARE,
     basis_text,
     epoch_text,
+    flag_rule_text,
     gate_window,
+    thresholds_of,
 )
 from draftsmith.training.families import DEFAULT_FAMILY, step_accuracies
 
@@ -335,7 +335,7 @@ def _evaluation(results: dict) -> list[str]:
     lines += ["", "In flight: the requests the client held over the timed window; engine ran: the engine's own count "
               "of running requests, its mean below the client's while a request waits to be admitted (a long "
               "prompt's prefill), its peak capped by a max_num_seqs or a KV cache smaller than the batch. "
-              + f"{held_rule_text()} {readings_text()}"]
+              + f"{held_rule_text()} {readings_text(pick.measured_runs(results['methods']))}"]
     repeated = sorted({(r["prompt_set"], r["prompts"], r["concurrency"], r["repeats"]) for r in evaluation_rows(results)
                        if r["repeats"] and r["repeats"] > 1})
     if repeated:
@@ -604,41 +604,11 @@ def _cuts(cuts: dict[str, int], rows: int) -> str:
     return f"{total} ({total / rows:.0%}: {reasons})" if rows else f"{total} ({reasons})"
 
 
-def derived_tokens_per_step(acceptance: dict, k: int) -> float | None:
-    """Tokens per target step at draft length ``k`` from a T=0 run at a longer one, for a chain method
-    (:data:`~draftsmith.evaluation.measure.methods.CHAINS`): its first ``k`` drafts are the ones it drafted, so a
-    drafted step would have accepted the first ``k`` of what it accepted. With the run's tokens per step
-    ``T`` and its acceptance by position ``r``: ``1 + (T - 1) * sum(r[:k]) / sum(r)``. The steps are the ones
-    the longer length took, which a shorter one would place otherwise: an estimate, checked against the
-    cells measured where the grid has them."""
-    rates, per_step = acceptance.get("acceptance_rate_per_position") or [], acceptance.get("tokens_per_step")
-    if per_step is None or not rates or None in rates or k > len(rates):
-        return None
-    total = sum(rates)
-    return 1.0 + (per_step - 1.0) * sum(rates[:k]) / total if total else 1.0
-
-
 def derived_lengths(results: dict) -> list[str]:
-    """At T=0, tokens per step at every shorter draft length, derived from the longest one measured, beside the
-    cells the grid measured at those lengths: what a grid ranked by tokens per step need not serve."""
-    rows = []
-    for method, evaluation in results["methods"].items():
-        if method not in CHAINS:
-            continue
-        cells = [c for c in evaluation.get("cells", []) if c["drafter"] == label_of(evaluation) and c["runs"]]
-        for concurrency in sorted({c["concurrency"] for c in cells}):
-            here = {c["k"]: c for c in cells if c["concurrency"] == concurrency}
-            longest = here[max(here)]
-            greedy = [r for r in longest["runs"] if r["temperature"] == 0]
-            for k in range(1, longest["k"]):
-                derived = [derived_tokens_per_step(r["acceptance"], k) for r in greedy]
-                if not derived or None in derived:
-                    continue
-                measured = [r["acceptance"].get("tokens_per_step") for r in here[k]["runs"]
-                            if r["temperature"] == 0] if k in here else []
-                rows.append(f"| {DISPLAY_NAME[method]} | {concurrency} | {k} | {sum(derived) / len(derived):.3f} | "
-                            + (f"{sum(measured) / len(measured):.3f}" if measured and None not in measured else "–")
-                            + " |")
+    """The pick's derived tokens per step at shorter draft lengths (:func:`pick.derived_lengths`), beside the cells
+    the grid measured at those lengths."""
+    rows = [f"| {DISPLAY_NAME[row['method']]} | {row['concurrency']} | {row['k']} | {row['derived']:.3f} | "
+            f"{_fmt(row['measured'], '.3f')} |" for row in pick.recorded(results, "derived_lengths")]
     if not rows:
         return []
     return ["## Shorter draft lengths, derived", "",
@@ -656,22 +626,24 @@ def gate_tables(gates: dict[str, dict] | None) -> list[str]:
     tables = [(family, table) for family, gate in (gates or {}).items() if (table := gate_table(gate))]
     if not tables:
         return []
+    first = gates[tables[0][0]]
+    thresholds = thresholds_of(first)
     lines = ["## Served against predicted, by position", "",
              "At the export gate, each family served the first turns of validation rows (up to "
-             f"{gate_window(gates[tables[0][0]])} tokens each), and the same drafter was replayed on the stored "
+             f"{gate_window(first)} tokens each), and the same drafter was replayed on the stored "
              "hidden states of those rows and window, walked as a server drafts and verifies (a block family's "
-             "block from each anchor in one forward). A position "
-             f"served below {PREDICTED_SHARE:g} or above {ABOVE_SHARE:g} of its prediction, where the prediction "
-             f"accepts {FLAG_MIN_ACCEPTED} drafts or more, is flagged: the engine accepts otherwise there than the "
-             "drafter does (its attention, rope or a later step's inputs differ from training), or the served answers "
-             "are not the stored ones (numerics: the prediction is then an estimate, said with its agreement "
-             "share). Rows whose answers were sampled are served sampled alike: each side is then one sample of "
-             "the same acceptance, and a gap within three standard errors of their difference, rows as the unit, is "
-             "not flagged. "
+             f"block from each anchor in one forward). {flag_rule_text(thresholds)}: the engine accepts otherwise "
+             "there than the drafter does (its attention, rope or a later step's inputs differ from training), or the "
+             "served answers are not the stored ones (numerics: the prediction is then an estimate, said with its "
+             "agreement share). Rows whose answers were sampled are served sampled alike: each side is then one "
+             f"sample of the same acceptance, and a gap within {thresholds['sampled_z']:g} standard errors of their "
+             "difference, rows as the unit, is not flagged. "
              "DSpark: an engine whose confidence head cuts a block short accepts less at the later "
              "positions than the replay, which drafts the whole block."]
     for family, table in tables:
-        lines += ["", f"{DISPLAY_NAME[family]}:", "", *table]
+        own = thresholds_of(gates[family])  # a family gated again since, by other thresholds, says its own
+        said = "" if own == thresholds else f" {flag_rule_text(own)} at its gate."
+        lines += ["", f"{DISPLAY_NAME[family]}:{said}", "", *table]
     return lines
 
 
