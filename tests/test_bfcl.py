@@ -229,6 +229,20 @@ def test_a_prompt_set_carries_its_workload_chat_by_default():
     assert demo["datasets"]["humaneval"]["workload"] == "code"
 
 
+def test_a_bfcl_multi_turn_evaluation_set_is_measured_again_once_and_no_other_set_is():
+    """Its calls now run live on the grid's loop: every method's cells and the shared baseline are measured again
+    once, so that no speed-up divides a live window by a baseline measured on the old, cut loop."""
+    sets = {"b": {"source": "b.jsonl"}, "mt": {"source": "bfcl:multi_turn_base", "workload": "agent"},
+            "simple": {"source": "bfcl:simple_python", "workload": "tools"}}
+    cfg = validate_config({**copy.deepcopy(MINIMAL), "evaluation": {"prompt_sets": sets}})
+    evaluation = cfg["evaluation"]
+    for settings in (methods.grid_settings(evaluation), methods.measurement_settings("ngram", evaluation)):
+        assert settings["prompt_sets"]["mt"]["environment_rows"] == 1
+        assert settings["prompt_sets"]["b"] == {k: v for k, v in cfg["evaluation"]["prompt_sets"]["b"].items()
+                                                if k != "workload"}
+        assert "environment_rows" not in settings["prompt_sets"]["simple"]
+
+
 def test_relabelling_a_set_remeasures_nothing():
     cfg = validate_config(copy.deepcopy(MINIMAL))
     relabelled = copy.deepcopy(cfg)
