@@ -154,6 +154,22 @@ def test_a_multi_turn_prompt_carries_its_environment_which_keys_its_digest(tmp_p
     assert simple.environment is None
 
 
+@installed
+def test_an_argument_name_that_is_not_an_identifier_never_reaches_bfcls_eval(tmp_path):
+    """The harness ``eval``-s the call as text: an argument name is written into it as the target wrote it, so a
+    name holding code would run that code on the host. Such a name is a bad argument, and nothing runs."""
+    instances = bfcl.Instances(next(bfcl.rows("multi_turn_base"))["bfcl"]["environment"])
+    marker = tmp_path / "ran"
+    try:
+        for name in (f"folder=open({str(marker)!r}, 'w') and 'x',y", "folder name", "lambda", ""):
+            text, why = instances.run({"id": "1", "function": {"name": "cd", "arguments": {name: "document"}}})
+            assert why == "bad_arguments" and text.startswith(bfcl.EXECUTION_ERROR), name
+        assert not marker.exists()
+        assert instances.run({"id": "2", "function": {"name": "cd", "arguments": {"folder": "document"}}})[1] is None
+    finally:
+        instances.close()
+
+
 def test_an_unknown_category_or_a_missing_package_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match=r"bfcl:simple: unknown category \(known: simple_python, multiple, "):
         list(bfcl.rows("simple"))
@@ -211,6 +227,20 @@ def test_a_prompt_set_carries_its_workload_chat_by_default():
     demo = validate_config(load_layers([REPO / "config" / "config.yaml"], {}))
     assert demo["evaluation"]["prompt_sets"]["humaneval"]["workload"] == "code"
     assert demo["datasets"]["humaneval"]["workload"] == "code"
+
+
+def test_a_bfcl_multi_turn_evaluation_set_is_measured_again_once_and_no_other_set_is():
+    """Its calls now run live on the grid's loop: every method's cells and the shared baseline are measured again
+    once, so that no speed-up divides a live window by a baseline measured on the old, cut loop."""
+    sets = {"b": {"source": "b.jsonl"}, "mt": {"source": "bfcl:multi_turn_base", "workload": "agent"},
+            "simple": {"source": "bfcl:simple_python", "workload": "tools"}}
+    cfg = validate_config({**copy.deepcopy(MINIMAL), "evaluation": {"prompt_sets": sets}})
+    evaluation = cfg["evaluation"]
+    for settings in (methods.grid_settings(evaluation), methods.measurement_settings("ngram", evaluation)):
+        assert settings["prompt_sets"]["mt"]["environment_rows"] == 1
+        assert settings["prompt_sets"]["b"] == {k: v for k, v in cfg["evaluation"]["prompt_sets"]["b"].items()
+                                                if k != "workload"}
+        assert "environment_rows" not in settings["prompt_sets"]["simple"]
 
 
 def test_relabelling_a_set_remeasures_nothing():

@@ -95,6 +95,18 @@ def test_the_digest_changes_with_a_calls_arguments_and_rows_without_tools_keep_t
     assert plain.digest == "c1e1810cc03a9120"  # as before tools were read
 
 
+def test_a_tool_row_and_a_trajectory_without_an_environment_or_text_calls_keep_their_digests():
+    """Issue 57's environment and issue 58's text calls key only the rows that have them: a tool row (with its
+    results, or ending at its call) and a trajectory from before keep the digests they were journaled under (these
+    values are d0dbf8d's), so a finished tool or trajectory set is not answered again."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    steps = [[[{"name": "get_weather", "arguments": {"city": "Paris"}, "content": "sunny"}]]]
+    assert prompt_digest(["weather?"], "sys", tools, steps, False) == "ca26d16c374dd44a"
+    assert prompt_digest(["weather?"], None, tools, None, True) == "a150616157939789"
+    assert prompt_digest(["fix it", "obs"], "sys", None, None, False, ["ls"]) == "1ba666815d15b9cd"
+
+
 def test_parallel_calls_pair_by_id_by_order_and_from_one_observation(tmp_path):
     calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": {}}}
              for i, n in (("a", "first"), ("b", "second"))]

@@ -316,3 +316,15 @@ def test_the_report_names_a_bfcl_sets_live_calls_and_every_row_whose_set_up_fail
     section = text.split("## Tool-call data")[1].split("\n## ")[0]
     assert "| bfcl_mt | 31 | 40 | 36 | 3 (raised 1, unknown function 2) | 1 (multi_turn_base_7) |" in section
     assert "| 1 (11%: step limit 1) |" in section
+
+
+def test_the_grid_keeps_a_conversation_going_past_an_answer_cut_by_max_tokens(monkeypatch):
+    """Generation ends a conversation at an answer cut by max_tokens (a row built on a cut answer); the grid's load
+    is the set's turns, so on the same loop it sends the next turn all the same, as its own loop did."""
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)
+    prompt = Prompt("p", ["length=0 first", "second"])
+    with MeteredToolSim() as sim:
+        run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", [prompt], {"max_tokens": 8}, 1, rounds=1))
+        sent = sim.requests
+    assert [m["content"] for m in sent[-1]["messages"] if m["role"] == "user"] == ["length=0 first", "second"]
+    assert run.sent == len(sent) == 2

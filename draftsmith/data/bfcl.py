@@ -18,6 +18,7 @@ import copy
 import importlib
 import inspect
 import json
+import keyword
 import re
 import uuid
 from collections.abc import Iterator
@@ -165,7 +166,8 @@ class Instances:
     across the row's turns. Each call runs through BFCL's own harness (``multi_turn_utils.
     execute_multi_turn_func_call``, the call written as its handlers write it), so its result and its error
     text are BFCL's. Only a public method of the row's classes reaches the harness, which ``eval``-s the call: any
-    other name gets the text BFCL gives a name it does not know, never a builtin's run. The harness keeps the
+    other name gets the text BFCL gives a name it does not know, never a builtin's run, and an argument name that is
+    not an identifier is refused before it reaches the text. The harness keeps the
     instances in its module's globals under a name of their own; :meth:`close` removes them."""
 
     def __init__(self, environment: dict):
@@ -191,7 +193,8 @@ class Instances:
     def run(self, call: dict) -> tuple[str, str | None]:
         """One of the target's calls (OpenAI shape) run: its result text, and why it is an error (None: none).
         ``unknown_function``: no method of the row's classes has the name; ``bad_arguments``: arguments that are
-        not a JSON object, or that the method does not take; ``raised``: the method raised; ``error_result``: the
+        not a JSON object, names that are not identifiers (never written into the text the harness ``eval``-s), or
+        that the method does not take; ``raised``: the method raised; ``error_result``: the
         class answered with its own error (``{"error": ...}``: ``cd`` into a folder that is not there)."""
         function = call["function"]
         name = self._environment.get("tool_names", {}).get(function["name"], function["name"])
@@ -201,6 +204,9 @@ class Instances:
         method = self._methods.get(name)
         if method is None:
             return f"{EXECUTION_ERROR}name {name!r} is not defined", "unknown_function"
+        # the names are written into the text the harness eval-s: one that is not an identifier would be code run
+        if odd := [key for key in arguments if not key.isidentifier() or keyword.iskeyword(key)]:
+            return f"{EXECUTION_ERROR}argument names that are not identifiers: {odd}", "bad_arguments"
         text = f"{name}({','.join(f'{k}={v!r}' for k, v in arguments.items())})"  # BFCL's convert_to_function_call
         [result], _ = self._harness([text])
         if result.startswith(EXECUTION_ERROR):

@@ -120,9 +120,15 @@ def prompt_rows_params(entry: dict) -> dict[str, Any]:
     :data:`TOOL_ROWS_FORMAT` (its prompts are read again once), a BFCL multi-turn set's
     :data:`ENVIRONMENT_ROWS_FORMAT` too, nothing for other sets (theirs stay as they are)."""
     params = {"tool_rows": TOOL_ROWS_FORMAT} if entry.get("workload") in TOOL_WORKLOADS else {}
-    if str(entry.get("source", "")).startswith(ENVIRONMENT_SOURCES):
-        params["environment_rows"] = ENVIRONMENT_ROWS_FORMAT
-    return params
+    return params | environment_rows_params(entry)
+
+
+def environment_rows_params(entry: dict) -> dict[str, Any]:
+    """:data:`ENVIRONMENT_ROWS_FORMAT` for a set whose rows carry an environment (BFCL multi-turn), else nothing:
+    its calls run live since then, so its prompts are read again and, as an evaluation set, every window that
+    sent it is measured again once (the target alone's too), never a live cell against a baseline of the old loop."""
+    return {"environment_rows": ENVIRONMENT_ROWS_FORMAT} if str(entry.get("source", "")).startswith(
+        ENVIRONMENT_SOURCES) else {}
 
 
 def workload_problem(prompts: list[Prompt], workload: str, where: str) -> str | None:

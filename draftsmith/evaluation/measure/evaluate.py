@@ -252,8 +252,10 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
 
     async def converse(p: Prompt) -> None:
         """A prompt's turns in order on generation's own loop (:func:`~draftsmith.generation.generate.converse`):
-        calls paired with the dataset's results, or run on the row's own instances (BFCL multi-turn), the
-        history's reasoning as generation sends it. A row whose instances cannot be set up is named and skipped."""
+        calls paired with the dataset's results, or run on the row's own instances (BFCL multi-turn), under each
+        row's default (a set's ``unmatched_calls`` does not reach the grid), the history's reasoning as
+        ``tokenize.reasoning`` keeps it, as generation sends it. A row whose instances cannot be set up is named
+        and skipped."""
         try:
             await converse_with_tools(p, lambda messages: ask(messages, p), settings, end_at_length=False)
         except SetupFailed as failed:

@@ -21,6 +21,7 @@ import json
 import shlex
 
 from draftsmith.config.load import redacted_args
+from draftsmith.data.datasets import environment_rows_params
 from draftsmith.generation.server import ServerSpec, engine_args
 from draftsmith.training import families
 
@@ -132,11 +133,13 @@ GRID_KEYS = ("engine", "prompt_sets", "max_tokens", "temperatures", "concurrency
 def grid_settings(evaluation: dict, tools: dict | None = None) -> dict:
     """The evaluation settings every measurement depends on: the target alone's (``rule evaluate_baseline``)
     and a schedule's (``rule evaluate_schedule``, whose ranges come from the pick). A set's ``workload`` is
-    a label that no measurement depends on: left out, so that labelling a set remeasures nothing. ``tools``:
+    a label that no measurement depends on: left out, so that labelling a set remeasures nothing; a BFCL multi-turn
+    set's rows run live since :data:`~draftsmith.data.datasets.ENVIRONMENT_ROWS_FORMAT`, named so that its windows
+    are measured again once. ``tools``:
     how a tool set's tools reach the target (:func:`draftsmith.data.datasets.tool_params`), where set."""
     settings = {key: evaluation[key] for key in GRID_KEYS}
     settings["prompt_sets"] = {name: {k: v for k, v in entry.items() if k != "workload"}
-                               for name, entry in evaluation["prompt_sets"].items()}
+                               | environment_rows_params(entry) for name, entry in evaluation["prompt_sets"].items()}
     return settings | ({"tools": tools} if tools else {})
 
 
