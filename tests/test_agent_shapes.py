@@ -400,8 +400,11 @@ def test_an_openhands_trajectory_whose_calls_cannot_be_read_back_is_refused(tmp_
     markup["trajectory"][2]["content"] = "Calling <function=execute_bash> now."
     unanswered = json.loads(json.dumps(row))
     del unanswered["trajectory"][3]
-    result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [arguments, markup, unanswered]))
+    value = json.loads(json.dumps(row))
+    value["trajectory"][2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "echo '</parameter>'"})
+    result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [arguments, markup, value, unanswered]))
     assert [(r.field, r.reason.split(":")[0]) for r in result.rejects] == [
         ("trajectory[2].tool_calls[0].function.arguments", "not valid JSON"),
         ("trajectory[2]", "its content holds <function= markup besides its tool_calls"),
+        ("trajectory[2].tool_calls", "a call whose values hold OpenHands markup (</parameter>, </function>)"),
         ("trajectory[3]", "a assistant turn where the user turn was due")]
