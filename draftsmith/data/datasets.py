@@ -29,7 +29,8 @@ row keeps the dataset's assistant turns (:attr:`Prompt.history`), so that each t
 had. Such a row alternates user and assistant turns and has no tool calls: its actions stay text. An OpenHands
 export's actions are calls written as text (``<function=...>``): its row keeps them so (:attr:`Prompt.calls`) with
 the tools, the export's own ``tools`` where it has them, else the set's; generation reads them as calls where the
-target's template renders calls.
+target's template renders calls. An OpenHands export with function calling (a ``trajectory`` of OpenAI messages
+with ``tool_calls``) is read as the same text (:func:`draftsmith.data.agent_shapes.openhands`).
 """
 
 from __future__ import annotations
