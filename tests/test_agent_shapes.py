@@ -408,3 +408,8 @@ def test_an_openhands_trajectory_whose_calls_cannot_be_read_back_is_refused(tmp_
         ("trajectory[2]", "its content holds <function= markup besides its tool_calls"),
         ("trajectory[2].tool_calls", "a call whose values hold OpenHands markup (</parameter>, </function>)"),
         ("trajectory[3]", "a assistant turn where the user turn was due")]
+
+
+def test_an_openhands_trajectory_over_the_prompt_limit_is_refused_naming_its_trajectory():
+    result = load_prompts(OH_TRAJECTORY, max_prompt_chars=100)
+    assert [(r.field, r.reason.split(" is ")[0]) for r in result.rejects] == [("trajectory", "prompt")]

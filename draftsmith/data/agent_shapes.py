@@ -178,7 +178,7 @@ def openhands(row: dict) -> Shape:
     OpenHands' markup); each call's markup checked here, so a row that cannot be read as calls is refused at load,
     not at generation. The messages: ``messages``, else a ``trajectory``. Tools: the export's ``tools`` field where
     it has one."""
-    key = "trajectory" if "messages" not in row and "trajectory" in row else "messages"
+    key = openhands_key(row)
     messages = row.get(key)
     if not isinstance(messages, list) or not messages:
         raise BadShape(key, "expected a non-empty list of {role, content} messages")
@@ -206,6 +206,11 @@ def openhands(row: dict) -> Shape:
                 openhands_calls(text, where)
             turns.append(Turn(role, where, text))
     return Shape(turns, system, row.get("tools"))
+
+
+def openhands_key(row: dict) -> str:
+    """Where an export's messages are: ``messages``, else (nebius's export) ``trajectory``."""
+    return "trajectory" if "messages" not in row and "trajectory" in row else "messages"
 
 
 RESULTS_APART = "\n\n"  # between the results of parallel calls in one EXECUTION RESULT turn
