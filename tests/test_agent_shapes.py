@@ -402,7 +402,9 @@ def test_an_openhands_trajectory_whose_calls_cannot_be_read_back_is_refused(tmp_
     del unanswered["trajectory"][3]
     value = json.loads(json.dumps(row))
     value["trajectory"][2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "echo '</parameter>'"})
-    result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [arguments, markup, value, unanswered]))
+    results_only = {**row, "trajectory": [row["trajectory"][5], row["trajectory"][6]]}  # read, not crashed on
+    result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [arguments, markup, value, unanswered, results_only]))
+    assert [p.turns[0].count("EXECUTION RESULT") for p in result.prompts] == [2]
     assert [(r.field, r.reason.split(":")[0]) for r in result.rejects] == [
         ("trajectory[2].tool_calls[0].function.arguments", "not valid JSON"),
         ("trajectory[2]", "its content holds <function= markup besides its tool_calls"),

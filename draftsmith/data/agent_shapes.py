@@ -197,7 +197,7 @@ def openhands(row: dict) -> Shape:
             system = text
         elif role == "tool":
             result = f"EXECUTION RESULT of [{msg.get('name') or 'tool'}]:\n{text}"
-            if messages[i - 1].get("role") == "tool":  # a parallel call's: one turn answers the assistant turn
+            if i and messages[i - 1].get("role") == "tool":  # a parallel call's: one turn answers the assistant turn
                 result = f"{turns.pop().text}{RESULTS_APART}{result}"
             turns.append(Turn("user", where, result))
         else:
