@@ -11,9 +11,10 @@ context (server.max_model_len, tokenize.max_length), then tokenized as the token
 trajectories cut at the context, and prompt tokens per supervised token against the chat demo's set (everyday,
 answered by the same endpoint). Last, the line results/plan.md writes for the trajectory set.
 
-Part 3, OpenHands on a template that renders calls: the OpenHands fixture with the set's tools, answered turn by turn
-by the scripted tool endpoint (tests/sim/tool_server.py, which calls a tool in every answer) through Qwen3's template
-(the test asset), tokenized: the requests' shape, rows, and what the rows supervise.
+Part 3, OpenHands on a template that renders calls: the OpenHands fixture with the set's tools, and the export with
+function calling (nebius/SWE-rebench-openhands-trajectories' shape) with its own, answered turn by turn by the
+scripted tool endpoint (tests/sim/tool_server.py, which calls a tool in every answer) through Qwen3's template (the
+test asset), tokenized: the requests' shape, rows, and what the rows supervise.
 
     .venv/bin/python benchmarks/agent_shapes.py --trajectories 40
 """
@@ -60,6 +61,7 @@ SHAPES = {"glaive": [("auto", "auto", None)],
           "sweagent": [("auto", "auto", None)],
           "openhands": [("auto", "auto", None), ("format: openhands", "openhands", None),
                         ("format: openhands + set tools", "openhands", "openhands")],
+          "openhands_trajectory": [("auto", "auto", None), ("format: openhands", "openhands", None)],
           "sharegpt_calls": [("auto", "auto", None), ("auto + set tools", "auto", "sharegpt_calls")]}
 
 
@@ -193,14 +195,15 @@ def plan_line(config: dict, target, renderer: Renderer, trajectories: list, max_
     return next(line for line in markdown.splitlines() if "supervised token" in line)
 
 
-def openhands_on_qwen3() -> None:
+def openhands_on_qwen3(fixture: str, tools: list[dict] | None) -> None:
+    """An OpenHands fixture (``tools``: the set's) regenerated through Qwen3's template, which renders calls."""
     from transformers import AutoTokenizer
 
     from tests.sim.tool_server import ToolSim
     from tests.tiny_targets import QWEN3_TOKENIZER
 
     tokenizer = AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
-    prompts = load_prompts(FIXTURES / "openhands.jsonl", fmt="openhands", tools=set_tools("openhands")).prompts
+    prompts = load_prompts(FIXTURES / f"{fixture}.jsonl", fmt="openhands", tools=tools).prompts
     # the endpoint's script in the task itself (the in-context example around it is not sent)
     prompts = [replace(p, turns=[p.turns[0].replace("<uploaded_files>", "calls=execute_bash <uploaded_files>"),
                                  *p.turns[1:]]) for p in prompts]
@@ -224,7 +227,7 @@ def openhands_on_qwen3() -> None:
         supervised = [tokenizer.decode([t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
                       for r in rows]
         sent = Counter(m["role"] for body in server.requests for m in body["messages"])
-        print(f"\nOpenHands fixture on Qwen3's template: {len(prompts)} trajectories, {stats['records']} records, "
+        print(f"\n{fixture} fixture on Qwen3's template: {len(prompts)} trajectories, {stats['records']} records, "
               f"{tokenized['rows']} rows, prompt round trip mismatches {tokenized['round_trip']['prompt_mismatched']}; "
               f"messages sent {dict(sent)}, every request with {len(server.requests[0]['tools'])} tools; rows whose "
               f"supervised tokens are one call of the model's: {sum(s.count('<tool_call>') == 1 for s in supervised)}, "
@@ -239,7 +242,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     reading()
     regeneration(args.trajectories)
-    openhands_on_qwen3()
+    openhands_on_qwen3("openhands", set_tools("openhands"))
+    openhands_on_qwen3("openhands_trajectory", None)
 
 
 if __name__ == "__main__":

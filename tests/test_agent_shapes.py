@@ -332,3 +332,86 @@ def test_openhands_rows_are_refused_under_auto_and_where_their_calls_cannot_be_r
         ("answer 1", "parameter value 'first lines' is not of its schema's type"),
         ("answer 1", "calls 'run_shell', not one of the tools"),
         ("messages[2]", "holds <function= markup that is not <function=NAME>...</function>")]
+
+
+# nebius/SWE-rebench-openhands-trajectories: OpenHands with function calling, its trajectory OpenAI messages whose
+# calls are tool_calls (arguments a JSON string) answered by tool messages, every message carrying every field (null
+# where unused), parallel calls answered by consecutive tool messages, a last finish call that nothing answers.
+OH_TRAJECTORY = FIXTURES / "openhands_trajectory.jsonl"
+
+
+def test_an_openhands_trajectory_with_structured_calls_loads_on_its_own_history():
+    """Issue 58: detected as sweagent by its trajectory key and refused (trajectory[0].text: missing)."""
+    (row,) = rows("openhands_trajectory")
+    for fmt in ("auto", "openhands"):
+        (prompt,) = loaded(OH_TRAJECTORY, fmt=fmt, id_field="trajectory_id")
+        assert prompt.id == row["trajectory_id"] and prompt.calls == "openhands"
+        assert prompt.system == row["trajectory"][0]["content"] and prompt.tools == row["tools"]
+        assert prompt.turns[0] == row["trajectory"][1]["content"]
+        assert prompt.turns[1] == "EXECUTION RESULT of [execute_bash]:\nsdf_xarray\n[The command completed with " \
+                                  "exit code 0.]"
+        assert prompt.turns[2].count("EXECUTION RESULT of [") == 2  # the parallel calls' results, one turn
+        assert prompt.turns[4] == row["trajectory"][10]["content"]  # the nudge after a plain answer
+        assert len(prompt.turns) == 5 and len(prompt.history) == 4  # the finish call is the model's to give
+        assert prompt.history[0] == "I'll start by exploring the repository structure.\n<function=execute_bash>\n" \
+                                    "<parameter=command>ls /testbed/src</parameter>\n</function>"
+        assert prompt.history[3] == row["trajectory"][9]["content"]
+
+
+def test_openhands_structured_calls_go_back_as_tool_calls_and_tool_turns_where_the_template_renders_calls():
+    from draftsmith.generation.generate import history_messages
+
+    (row,) = rows("openhands_trajectory")
+    (prompt,) = loaded(OH_TRAJECTORY, id_field="trajectory_id")
+    sent = history_messages(prompt, 4)
+    published = row["trajectory"][:11]
+    assert [m["role"] for m in sent] == [m["role"] for m in published]
+    for ours, theirs in zip(sent, published, strict=True):
+        assert ours["content"] == (theirs["content"] or "")
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in ours.get("tool_calls", [])]
+        assert calls == [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                         for c in theirs["tool_calls"] or []]  # typed by their schema: a number, an array
+        if theirs["role"] == "tool":
+            assert ours["name"] == theirs["name"]
+    ids = [c["id"] for c in sent[4]["tool_calls"]]
+    assert [m["tool_call_id"] for m in sent[5:7]] == ids and len(set(ids)) == 2
+    # rendered as text, the context is the trajectory as OpenHands writes it for a model without function calling
+    assert [m["role"] for m in history_messages(prompt, 4, "text")] == ["system"] + ["user", "assistant"] * 4 + [
+        "user"]
+
+
+def test_auto_tells_the_trajectories_apart_by_their_items_and_sweagent_keeps_its_digest(tmp_path):
+    """A trajectory of role + content items is OpenHands', of role + text items SWE-agent's, read as before (the
+    digest pinned from main: no finished journal is answered again); a row holding both stays SWE-agent's."""
+    (prompt,) = loaded(FIXTURES / "sweagent.jsonl", id_field="instance_id")
+    assert prompt.calls is None and prompt.digest == "34f72757b5f791dd"
+    (row,) = rows("openhands_trajectory")
+    both = {**row, "trajectory": [{**m, "text": m["content"]} for m in row["trajectory"]]}
+    result = load_prompts(write_jsonl(tmp_path / "t.jsonl", [row, both]))
+    assert [p.calls for p in result.prompts] == ["openhands"]
+    assert [r.field for r in result.rejects] == ["trajectory[2].role"]  # assistant: not a SWE-agent role
+
+
+def test_an_openhands_trajectory_whose_calls_cannot_be_read_back_is_refused(tmp_path):
+    (row,) = rows("openhands_trajectory")
+    arguments = json.loads(json.dumps(row))
+    arguments["trajectory"][2]["tool_calls"][0]["function"]["arguments"] = "{'command': 'ls'}"
+    markup = json.loads(json.dumps(row))
+    markup["trajectory"][2]["content"] = "Calling <function=execute_bash> now."
+    unanswered = json.loads(json.dumps(row))
+    del unanswered["trajectory"][3]
+    value = json.loads(json.dumps(row))
+    value["trajectory"][2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "echo '</parameter>'"})
+    results_only = {**row, "trajectory": [row["trajectory"][5], row["trajectory"][6]]}  # read, not crashed on
+    result = load_prompts(write_jsonl(tmp_path / "bad.jsonl", [arguments, markup, value, unanswered, results_only]))
+    assert [p.turns[0].count("EXECUTION RESULT") for p in result.prompts] == [2]
+    assert [(r.field, r.reason.split(":")[0]) for r in result.rejects] == [
+        ("trajectory[2].tool_calls[0].function.arguments", "not valid JSON"),
+        ("trajectory[2]", "its content holds <function= markup besides its tool_calls"),
+        ("trajectory[2].tool_calls", "a call whose values hold OpenHands markup (</parameter>, </function>)"),
+        ("trajectory[3]", "a assistant turn where the user turn was due")]
+
+
+def test_an_openhands_trajectory_over_the_prompt_limit_is_refused_naming_its_trajectory():
+    result = load_prompts(OH_TRAJECTORY, max_prompt_chars=100)
+    assert [(r.field, r.reason.split(" is ")[0]) for r in result.rejects] == [("trajectory", "prompt")]

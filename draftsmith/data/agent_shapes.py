@@ -22,7 +22,11 @@ here, pairing and validation of calls there, so each stays one owner's.
   ``<parameter=KEY>VALUE</parameter>`` / ``</function>``, each result a user turn ``EXECUTION RESULT of [NAME]:``
   (a ``tool`` message, where an export has one, is read as that turn), the functions described in the system
   prompt. A trajectory too: read as its text here; :func:`openhands_messages` reads its calls and results as
-  structure where the target's template renders them.
+  structure where the target's template renders them. An export made with function calling
+  (nebius/SWE-rebench-openhands-trajectories: a ``trajectory`` of OpenAI messages, each carrying every field, null
+  where unused) has its calls as ``tool_calls`` (``arguments`` a JSON string) answered by ``tool`` messages (parallel
+  calls by consecutive ones) and its tools in ``tools``: read as the same text, the calls written in OpenHands'
+  markup and the results as one ``EXECUTION RESULT`` turn, so that both exports are one reading.
 """
 
 from __future__ import annotations
@@ -77,8 +81,16 @@ def detect(row: dict) -> str | None:
     if {"query", "answers", "tools"} <= row.keys():
         return "xlam"
     if "trajectory" in row:
-        return "sweagent"
+        return "openhands" if openai_trajectory(row["trajectory"]) else "sweagent"
     return None
+
+
+def openai_trajectory(trajectory: Any) -> bool:
+    """Whether a trajectory is OpenAI messages, every item a ``role`` and a ``content`` and none SWE-agent's
+    ``text``: an OpenHands export with function calling (nebius/SWE-rebench-openhands-trajectories). A row that
+    SWE-agent's reading loads has a ``text`` in every item, so it is never taken for one."""
+    return isinstance(trajectory, list) and bool(trajectory) and all(
+        isinstance(t, dict) and "role" in t and "content" in t and "text" not in t for t in trajectory)
 
 
 def hermes_markup(messages: Any) -> bool:
@@ -161,30 +173,90 @@ OPENHANDS_ROLES = {"system": "system", "user": "user", "assistant": "assistant",
 
 
 def openhands(row: dict) -> Shape:
-    """The export as text turns: results (``tool`` messages too) as ``EXECUTION RESULT of [NAME]:`` user turns,
-    calls as the assistant wrote them; each call's markup checked here, so a row that cannot be read as calls is
-    refused at load, not at generation. Tools: the export's ``tools`` field where it has one."""
-    messages = row.get("messages")
+    """The export as text turns: results (``tool`` messages too, consecutive ones as one turn) as
+    ``EXECUTION RESULT of [NAME]:`` user turns, calls as the assistant wrote them (structured ``tool_calls`` in
+    OpenHands' markup); each call's markup checked here, so a row that cannot be read as calls is refused at load,
+    not at generation. The messages: ``messages``, else a ``trajectory``. Tools: the export's ``tools`` field where
+    it has one."""
+    key = openhands_key(row)
+    messages = row.get(key)
     if not isinstance(messages, list) or not messages:
-        raise BadShape("messages", "expected a non-empty list of {role, content} messages")
+        raise BadShape(key, "expected a non-empty list of {role, content} messages")
     system, turns = None, []
     for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
+        where = f"{key}[{i}]"
         role = OPENHANDS_ROLES.get(msg.get("role")) if isinstance(msg, dict) else None
         if role is None:
             raise BadShape(f"{where}.role", f"expected one of {', '.join(OPENHANDS_ROLES)}")
-        text = _openhands_text(msg.get("content"), f"{where}.content")
+        structured = msg.get("tool_calls") if role == "assistant" else None
+        content = msg.get("content")
+        text = _openhands_text("" if content is None and structured else content, f"{where}.content")
         if role == "system" and (i or system is not None):
             raise BadShape(where, "a system turn after the first turn")
         if role == "system":
             system = text
         elif role == "tool":
-            turns.append(Turn("user", where, f"EXECUTION RESULT of [{msg.get('name') or 'tool'}]:\n{text}"))
+            result = f"EXECUTION RESULT of [{msg.get('name') or 'tool'}]:\n{text}"
+            if i and messages[i - 1].get("role") == "tool":  # a parallel call's: one turn answers the assistant turn
+                result = f"{turns.pop().text}{RESULTS_APART}{result}"
+            turns.append(Turn("user", where, result))
         else:
             if role == "assistant":
+                text = _with_structured_calls(text, structured, where) if structured else text
                 openhands_calls(text, where)
             turns.append(Turn(role, where, text))
     return Shape(turns, system, row.get("tools"))
+
+
+def openhands_key(row: dict) -> str:
+    """Where an export's messages are: ``messages``, else (nebius's export) ``trajectory``."""
+    return "trajectory" if "messages" not in row and "trajectory" in row else "messages"
+
+
+RESULTS_APART = "\n\n"  # between the results of parallel calls in one EXECUTION RESULT turn
+
+
+def _with_structured_calls(text: str, tool_calls: Any, where: str) -> str:
+    """An assistant turn's text and its ``tool_calls`` written as OpenHands writes calls for a model without
+    function calling, so that the export is read as the text one is: text where the template does not render
+    calls, calls again (:func:`openhands_calls`) where it does. A value that is not a string is written as JSON,
+    one holding a newline wrapped in newlines (which the reading drops). The calls are read back here: a turn
+    whose text already holds markup, or a value that would not read back as written, is refused."""
+    if not isinstance(tool_calls, list):
+        raise BadShape(f"{where}.tool_calls", f"expected a list, got {type(tool_calls).__name__}")
+    if "<function=" in text:
+        raise BadShape(where, "its content holds <function= markup besides its tool_calls")
+    written, blocks = [], []
+    for c, call in enumerate(tool_calls):
+        at = f"{where}.tool_calls[{c}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise BadShape(at, "expected {function: {name, arguments}}")
+        arguments = _call_arguments(function.get("arguments"), f"{at}.function.arguments")
+        values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()}
+        params = "".join(f"<parameter={k}>{_wrapped(v)}</parameter>\n" for k, v in values.items())
+        blocks.append(f"<function={function['name']}>\n{params}</function>")
+        written.append({"name": function["name"], "arguments": values})
+    text = "\n".join([text.strip(), *blocks]) if text.strip() else "\n".join(blocks)
+    if openhands_calls(text, where)[1] != written:
+        raise BadShape(f"{where}.tool_calls", "a call whose values hold OpenHands markup (</parameter>, </function>)")
+    return text
+
+
+def _call_arguments(arguments: Any, where: str) -> dict:
+    """A structured call's arguments: an object, or a JSON string of one (as the export stores them)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            raise BadShape(where, "not valid JSON") from None
+    if not isinstance(arguments, dict):
+        raise BadShape(where, f"expected an object, got {type(arguments).__name__}")
+    return arguments
+
+
+def _wrapped(value: str) -> str:
+    return f"\n{value}\n" if "\n" in value else value
 
 
 def _openhands_text(content: Any, where: str) -> str:
@@ -232,7 +304,7 @@ def openhands_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
     the next turn's ``EXECUTION RESULT`` as a ``tool`` message. A call whose next turn is not its result stays
     text, as does an assistant turn without calls."""
     out: list[dict] = []
-    first_user = True
+    first_user, answering = True, []
     for j, msg in enumerate(messages):
         role, text = msg["role"], msg["content"]
         if role == "system":
@@ -245,20 +317,32 @@ def openhands_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
         elif role == "assistant":
             nxt = messages[j + 1]["content"] if j + 1 < len(messages) else ""
             said, calls = openhands_calls(text, f"messages[{j}]", tools)
-            result = _OH_RESULT.match(nxt)
-            if len(calls) == 1 and result and result[1] == calls[0]["name"]:
+            results = _results(nxt, len(calls))
+            if calls and [name for name, _ in results] == [c["name"] for c in calls]:
+                ids = [f"call_{j}_{c}" if c else f"call_{j}" for c in range(len(calls))]
                 out.append({"role": "assistant", "content": said, "tool_calls": [
-                    {"id": f"call_{j}", "type": "function",
-                     "function": {"name": calls[0]["name"], "arguments": json.dumps(calls[0]["arguments"])}}]})
+                    {"id": i, "type": "function", "function": {"name": c["name"], "arguments": json.dumps(
+                        c["arguments"])}} for i, c in zip(ids, calls, strict=True)]})
+                answering = [(i, name, content) for i, (name, content) in zip(ids, results, strict=True)]
             else:
                 out.append(dict(msg))
-        elif role == "user" and out and out[-1].get("tool_calls"):
-            call = out[-1]["tool_calls"][0]
-            out.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
-                        "content": _OH_RESULT.sub("", text, count=1)})
+        elif role == "user" and answering:
+            out.extend({"role": "tool", "tool_call_id": i, "name": name, "content": content}
+                       for i, name, content in answering)
+            answering = []
         else:
             out.append(dict(msg))
     return out
+
+
+def _results(text: str, calls: int) -> list[tuple[str, str]]:
+    """An ``EXECUTION RESULT`` turn as ``(name, content)`` per call it answers: the whole turn for one call, the
+    results :data:`RESULTS_APART` for parallel ones; none where the turn is not that many results."""
+    pieces = [text] if calls == 1 else re.split(rf"{RESULTS_APART}(?=EXECUTION RESULT of \[)", text)
+    found = [_OH_RESULT.match(p) for p in pieces]
+    if not calls or len(pieces) != calls or not all(found):
+        return []
+    return [(m[1], p[m.end():]) for m, p in zip(found, pieces, strict=True)]
 
 
 # ---------------------------------------------------------------- Glaive

@@ -29,7 +29,8 @@ row keeps the dataset's assistant turns (:attr:`Prompt.history`), so that each t
 had. Such a row alternates user and assistant turns and has no tool calls: its actions stay text. An OpenHands
 export's actions are calls written as text (``<function=...>``): its row keeps them so (:attr:`Prompt.calls`) with
 the tools, the export's own ``tools`` where it has them, else the set's; generation reads them as calls where the
-target's template renders calls.
+target's template renders calls. An OpenHands export with function calling (a ``trajectory`` of OpenAI messages
+with ``tool_calls``) is read as the same text (:func:`draftsmith.data.agent_shapes.openhands`).
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
     parsed = parsed if parsed.history is not None else _with_set_tools(parsed, set_tools)
     for turn in parsed.turns:
         if len(turn) > max_prompt_chars:
-            raise _BadField(SHAPE_TEXT_FIELDS.get(fmt, fmt) if fmt != "prompt" else prompt_field,
+            raise _BadField(_text_field(row, fmt, prompt_field),
                             f"prompt is {len(turn)} characters, over the limit of {max_prompt_chars}")
     return parsed
 
@@ -314,6 +315,13 @@ def parse_row(row: Any, fmt: str, prompt_field: str, max_prompt_chars: int,
 # Where a shape's user text sits, for a reject that names the field
 SHAPE_TEXT_FIELDS = {"glaive": "chat", "hermes": "conversations", "xlam": "query", "sweagent": "trajectory",
                      "openhands": "messages"}
+
+
+def _text_field(row: dict, fmt: str, prompt_field: str) -> str:
+    """The raw field a row's prompts were read from, for a reject that names it."""
+    if fmt == "prompt":
+        return prompt_field
+    return agent_shapes.openhands_key(row) if fmt == "openhands" else SHAPE_TEXT_FIELDS.get(fmt, fmt)
 
 
 def _detected_format(row: dict, prompt_field: str) -> str:
