@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import copy
 import importlib
 import inspect
@@ -243,10 +244,8 @@ class Instances:
                 outcome: tuple[str, str | None] | BaseException = self.run(call)
             except BaseException as err:  # handed to the awaiting conversation, raised there
                 outcome = err
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
                 loop.call_soon_threadsafe(settle, outcome)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
 
         threading.Thread(target=work, name=f"{self._model}-call", daemon=True).start()
         timeout_s = CALL_TIMEOUT_S
