@@ -653,9 +653,10 @@ def test_a_bfcl_stretch_ends_at_bfcls_step_limit_counted(sim, tmp_path):
 @bfcl_installed
 def test_a_call_past_its_timeout_is_an_error_the_target_sees_and_the_next_call_ends_the_row(sim, tmp_path,
                                                                                           monkeypatch):
-    """A call that runs long (``power(base=10, exponent=10**12)``) ran on the event loop and stalled every
-    conversation; now it runs in a thread, its timeout comes back as an error text counted ``timeout``, the turn's
-    later calls are not run on the abandoned instances, and the target's next call ends the conversation."""
+    """A call that runs long ran on the event loop and stalled every conversation; now it runs in a thread, its
+    timeout comes back as an error text counted ``timeout``, the turn's later calls are not run on the abandoned
+    instances, and the target's next call ends the conversation. (A call stuck in one C operation that holds the
+    GIL, ``power(base=10, exponent=10**12)`` on integers, still stalls the process: a thread cannot bound it.)"""
     from draftsmith.data import bfcl
 
     harness = bfcl.Instances._harness
