@@ -32,7 +32,7 @@ def main() -> None:
         drafters[method] = None
     config = json.loads(Path(sm.input.drafter_config).read_text()) if record["trained"] else None
     lengths = methods.draft_lengths(method, cfg, config)
-    grid = ev.grid_of(cfg, sm.config["tokenize"], base_dir(sm))
+    grid = ev.with_context(ev.grid_of(cfg, sm.config["tokenize"], base_dir(sm)), tgt, server_cfg)
     logs = Path(sm.log.main).parent
     parser = ev.tool_call_parser(grid, sm.config["target"]["tool_call_parser"], server_cfg)
 

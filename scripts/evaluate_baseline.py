@@ -12,7 +12,7 @@ from draftsmith.ops.runner import base_dir, run, target_of
 
 def main() -> None:
     cfg, server_cfg, tgt = sm.params.evaluation, sm.config["server"], target_of(sm)
-    grid = ev.grid_of(cfg, sm.config["tokenize"], base_dir(sm))
+    grid = ev.with_context(ev.grid_of(cfg, sm.config["tokenize"], base_dir(sm)), tgt, server_cfg)
     parser = ev.tool_call_parser(grid, sm.config["target"]["tool_call_parser"], server_cfg)
     spec = ev.for_measurement(ev.server_spec(cfg["engine"], tgt, server_cfg), parser)
     log = Path(sm.log.main).with_suffix(".server.log")

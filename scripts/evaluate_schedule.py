@@ -33,7 +33,7 @@ def main() -> None:
         write_json(sm.output.serving, record)
         return
     drafter = str(Path(sm.input.drafter).parent)
-    grid = ev.grid_of(cfg, sm.config["tokenize"], base_dir(sm))
+    grid = ev.with_context(ev.grid_of(cfg, sm.config["tokenize"], base_dir(sm)), tgt, server_cfg)
     logs = Path(sm.log.main).parent
     parser = ev.tool_call_parser(grid, sm.config["target"]["tool_call_parser"], server_cfg)
 

@@ -4,7 +4,7 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
-from draftsmith.config.target import facts_without_weights, load_tokenizer
+from draftsmith.config.target import load_tokenizer
 from draftsmith.data.chat import Renderer, TokenizeSettings, ToolTemplateError, early_check, tool_template_problem
 from draftsmith.data.datasets import read_prompts
 from draftsmith.generation.client import HealthPolicy
@@ -18,6 +18,7 @@ from draftsmith.generation.generate import (
     has_work,
     journal_path,
     make_client,
+    model_context,
     settings_key,
     tool_options,
 )
@@ -88,12 +89,7 @@ def context_limit(target, max_model_len: int | None, renderer: Renderer, tool_re
     """The context a request must fit: the managed server's max_model_len, else the target's own (an external
     endpoint's shorter limit is its own: a refusal there stays an error), and the row's where the request is one
     (:func:`context_tokens`). None when none is known."""
-    try:
-        own = facts_without_weights(target).max_position_embeddings
-    except FileNotFoundError as err:
-        log.info("the target's context length is unknown (%s); prompts are not counted against it", err)
-        own = None
-    tokens = context_tokens(max_model_len, own, prompts, max_length)
+    tokens = context_tokens(max_model_len, model_context(target), prompts, max_length)
     return ContextLimit(tokens, renderer, tool_rendering) if tokens else None
 
 

@@ -651,6 +651,37 @@ def test_a_bfcl_stretch_ends_at_bfcls_step_limit_counted(sim, tmp_path):
 
 
 @bfcl_installed
+def test_a_call_past_its_timeout_is_an_error_the_target_sees_and_the_next_call_ends_the_row(sim, tmp_path,
+                                                                                          monkeypatch):
+    """A call that runs long ran on the event loop and stalled every conversation; now it runs in a thread, its
+    timeout comes back as an error text counted ``timeout``, the turn's later calls are not run on the abandoned
+    instances, and the target's next call ends the conversation. (A call stuck in one C operation that holds the
+    GIL, ``power(base=10, exponent=10**12)`` on integers, still stalls the process: a thread cannot bound it.)"""
+    from draftsmith.data import bfcl
+
+    harness = bfcl.Instances._harness
+
+    def slow(self, calls):  # ls never returns in time; the thread it runs in is left behind
+        if any(call.startswith("ls(") for call in calls):
+            time.sleep(3)
+        return harness(self, calls)
+
+    monkeypatch.setattr(bfcl.Instances, "_harness", slow)
+    monkeypatch.setattr(bfcl, "CALL_TIMEOUT_S", 0.2)
+    begun = time.monotonic()
+    stats = run(sim, [bfcl_row(["calls=pwd:+ls:+pwd:,cd:folder=document", "calls=pwd:"])], tmp_path)
+    assert time.monotonic() - begun < 2.5
+    record = records(tmp_path)["multi_turn_base_0"]
+    results = [m["content"] for m in record["messages"] if m["role"] == "tool"]
+    assert results == ['{"current_working_directory": "/workspace"}',
+                       "Error during execution: the call did not finish within 0.2 s",
+                       "Error during execution: not run: an earlier call of the turn timed out"]
+    assert record["execution_errors"] == {"timeout": 1, "not_run": 1} and record["executed_steps"] == 1
+    assert record["cut"] == "call_timeout" and record["messages"][-1]["tool_calls"]  # the call not run: no result
+    assert stats["cuts_by_reason"] == {"call_timeout": 1}
+
+
+@bfcl_installed
 def test_a_row_whose_instances_cannot_be_set_up_is_named_and_the_others_run(sim, tmp_path, caplog):
     """Under max_error_fraction the job finishes; the row is an error (named in the log, the stats and the errors
     file), never journaled, so the next run tries it again."""

@@ -328,3 +328,99 @@ def test_the_grid_keeps_a_conversation_going_past_an_answer_cut_by_max_tokens(mo
         sent = sim.requests
     assert [m["content"] for m in sent[-1]["messages"] if m["role"] == "user"] == ["length=0 first", "second"]
     assert run.sent == len(sent) == 2
+
+
+def test_the_grid_ends_a_conversation_at_the_servers_context_counted_and_frees_its_slot(monkeypatch):
+    """Issue 57 review: the grid sent every request, so a live BFCL row that outgrew max_model_len got the server's
+    400, taken for our fault, and the evaluate job failed at every rerun. The grid now ends it where generation
+    does: its earlier turns sent, the turn that would not fit never, counted; the next prompt takes its slot."""
+    from draftsmith.data.chat import Renderer
+    from draftsmith.generation.generate import ContextLimit
+    from tests.test_generate_tools import WordTokenizer
+
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)
+    long_turn = "word " * 40
+    prompts = [Prompt("chat", ["short question", long_turn]), Prompt("other", ["hi"])]
+    with MeteredToolSim() as sim:
+        run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", prompts, {"max_tokens": 8}, 1, rounds=1,
+                                           context=ContextLimit(30, Renderer(WordTokenizer()))))
+        sent = sim.requests
+    assert not any(long_turn in (m["content"] or "") for body in sent for m in body["messages"])
+    firsts = [body["messages"][0]["content"] for body in sent]
+    assert set(firsts) == {"short question", "hi"} and run.dispatched == len(sent)
+    assert run.ends_at_context == firsts.count("short question") >= 1
+    assert run.as_dict()["ends_at_context"] == run.ends_at_context
+
+
+def test_the_grids_context_is_the_servers_counted_with_the_targets_tokenizer_and_every_run_gets_it(monkeypatch):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from tests.test_generate_tools import WordTokenizer
+
+    monkeypatch.setattr(ev, "load_tokenizer", lambda target: WordTokenizer())
+    monkeypatch.setattr(ev, "model_context", lambda target: 32768)
+    plain = ev.Grid({"s": [Prompt("a", ["hi"])]}, [0.0], 32, [1], False, "vllm", "text")
+    limited = ev.with_context(plain, None, {"max_model_len": 4096})
+    assert limited.context.tokens == 4096 and limited.context.tool_rendering == "text"
+    assert isinstance(limited.context.renderer.tokenizer, WordTokenizer) and not limited.context.renderer.kwargs
+    assert ev.with_context(plain, None, {}).context.tokens == 32768  # no max_model_len: the target's own
+    monkeypatch.setattr(ev, "model_context", lambda target: None)
+    assert ev.with_context(plain, None, {}).context is None
+    seen = []
+
+    def runs_at(base_url, *args, context=None, **kwargs):
+        seen.append((base_url, context))
+        return [{"set": "s", "temperature": 0.0, "prompts": 1, "output_tok_s": 10.0}]
+
+    def server(name):
+        @contextmanager
+        def start():
+            yield SimpleNamespace(base_url=name, exited_before_stop=None)
+        return start
+
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "runs_at", runs_at)
+    ev.measure_method(limited, "m", server("baseline"), {("finetuned", 3): server("k3")})
+    assert seen == [("baseline", limited.context), ("k3", limited.context)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None, reason="bfcl-eval is not installed")
+def test_a_set_none_of_whose_rows_set_up_gives_its_cell_the_reason_it_has_no_figure(monkeypatch, tmp_path):
+    """The window sent nothing and the cell had no figure, with only per-row warnings in the log: the run and the
+    cell now say why, as a cell whose server failed does, and the report renders it."""
+    monkeypatch.setattr(ev, "MIN_READINGS", 0)
+    good = bfcl_row(["calls=pwd:"])
+    broken = [bfcl_row(["calls=pwd:"], f"multi_turn_base_{i}", {**good.environment, "classes": ["NoSuchAPI"]})
+              for i in (8, 9)]
+    with MeteredToolSim() as sim:
+        run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", broken, {"max_tokens": 8}, 1, rounds=1))
+        assert not sim.requests
+        partly, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", [good, broken[0]], {"max_tokens": 8}, 1,
+                                              rounds=1))
+    measured = run.as_dict()
+    assert measured["output_tok_s"] is None and measured["setup_failed"] == 2
+    why = "set-up failed for 2 of 2 rows (first: multi_turn_base_8: NoSuchAPI: KeyError"
+    assert measured["not_measured"].startswith(why)
+    assert partly.setup_failed == 1 and partly.not_measured is None  # a row left: the set has its figure
+    assert partly.as_dict()["output_tok_s"]
+    monkeypatch.setattr(ev, "warm_up", lambda *args: None)
+    monkeypatch.setattr(ev, "measure", lambda *args, **kwargs: {**measured, "held": True, "held_why": None})
+    grid_ = ev.Grid({"bfcl_mt": broken}, [0.0], 32, [2], False, "vllm")
+
+    def server(name):
+        from contextlib import contextmanager
+        from types import SimpleNamespace
+
+        @contextmanager
+        def start():
+            yield SimpleNamespace(base_url=name, exited_before_stop=None)
+        return start
+
+    done = ev.measure_method(grid_, "m", server("baseline"), {("finetuned", 3): server("k3")})
+    [cell] = done["cells"]
+    assert cell["failed"].startswith(f"prompt set bfcl_mt: {why}") and cell["runs"][0]["speedup"] is None
+    evaluation = evaluations()
+    evaluation["eagle3"]["cells"][0] |= {"failed": cell["failed"]}
+    text = report(tmp_path, report_inputs(results(evaluation)))
+    assert f"EAGLE-3 k=3 at concurrency 2: not measured, prompt set bfcl_mt: {why}" in text

@@ -14,12 +14,15 @@ row's own instances (:class:`Instances`) and runs the target's own calls on them
 from __future__ import annotations
 
 import ast
+import asyncio
+import contextlib
 import copy
 import importlib
 import inspect
 import json
 import keyword
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from importlib.resources.abc import Traversable
@@ -159,6 +162,9 @@ class SetupFailed(RuntimeError):
 
 
 EXECUTION_ERROR = "Error during execution: "  # the prefix of BFCL's harness for a call that raised
+# A call of the target's that runs longer (``power(base=10, exponent=10**12)``) is answered with a timeout error and
+# its row's instances are abandoned (:meth:`Instances.run_bounded`): the calls BFCL's classes make take milliseconds.
+CALL_TIMEOUT_S = 5.0
 
 
 class Instances:
@@ -174,6 +180,7 @@ class Instances:
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
         self._utils = multi_turn_utils
+        self.abandoned = False  # a call timed out in its thread, which may still change the instances' state
         self._model = f"draftsmith_{uuid.uuid4().hex}"
         self._environment = environment
         try:
@@ -212,6 +219,41 @@ class Instances:
         if result.startswith(EXECUTION_ERROR):
             return result, "raised" if _binds(method, arguments) else "bad_arguments"
         return result, "error_result" if _error_result(result) else None
+
+    async def run_bounded(self, call: dict) -> tuple[str, str | None]:
+        """:meth:`run` in a thread of its own, awaited up to :data:`CALL_TIMEOUT_S`, so that a slow call stalls no
+        other conversation on the event loop. Past it: BFCL's error text saying so, ``timeout``, and the instances
+        :attr:`abandoned`. A thread cannot be killed: the call goes on in its daemon thread, which nothing waits for
+        (not the loop, not the interpreter's exit), and the row's state is whatever it leaves, so no later call of
+        the row runs on it (the conversation ends, :func:`~draftsmith.generation.generate.converse`). A call stuck
+        in one C operation that holds the GIL (a huge integer power) still stalls every thread until it returns:
+        only a process of its own could bound that."""
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future = loop.create_future()
+
+        def settle(outcome: tuple[str, str | None] | BaseException) -> None:
+            if answered.done():  # timed out: nobody waits for it
+                return
+            if isinstance(outcome, BaseException):
+                answered.set_exception(outcome)
+            else:
+                answered.set_result(outcome)
+
+        def work() -> None:
+            try:
+                outcome: tuple[str, str | None] | BaseException = self.run(call)
+            except BaseException as err:  # handed to the awaiting conversation, raised there
+                outcome = err
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+                loop.call_soon_threadsafe(settle, outcome)
+
+        threading.Thread(target=work, name=f"{self._model}-call", daemon=True).start()
+        timeout_s = CALL_TIMEOUT_S
+        try:
+            return await asyncio.wait_for(answered, timeout_s)
+        except TimeoutError:
+            self.abandoned = True
+            return f"{EXECUTION_ERROR}the call did not finish within {timeout_s:g} s", "timeout"
 
     def close(self) -> None:
         prefix = re.sub(r"[-./:]", "_", f"{self._model}_")

@@ -31,7 +31,9 @@ Semantics (documented in docs/stages.md):
   results; fewer are paired with the first). A row with an environment (BFCL multi-turn) runs every call instead
   (``unmatched_calls: execute``, its default): on the row's own instances, in whatever order and number the model
   makes them, each answered with its result or BFCL's error text, up to BFCL's step limit per stretch (counted
-  ``step_limit``); a row whose instances cannot be set up is an error (``setup_failed``: in the errors file,
+  ``step_limit``), each call in a thread bounded by ``bfcl.CALL_TIMEOUT_S`` (past it: a timeout error the
+  model sees, its next call ending the conversation, counted ``call_timeout``); a row whose instances cannot be set
+  up is an error (``setup_failed``: in the errors file,
   named in the log and the stats, counted against ``max_error_fraction``), journaled never, so the next run tries
   it again. Where the data has nothing after the calls (no result,
   no later turn: a single-turn tool set, a prompt with tools) the conversation ends at the model's
@@ -289,6 +291,18 @@ def context_tokens(server_tokens: int | None, model_tokens: int | None, prompts:
     leave the row no supervised token). None when none is known."""
     row_tokens = max_length if any(p.history is not None for p in prompts) else None
     return min((n for n in (server_tokens, model_tokens, row_tokens) if n), default=None)
+
+
+def model_context(target) -> int | None:
+    """The target's own context (its config's max_position_embeddings), which a server without max_model_len
+    serves; None, logged, where it is unknown."""
+    from draftsmith.config.target import facts_without_weights
+
+    try:
+        return facts_without_weights(target).max_position_embeddings
+    except FileNotFoundError as err:
+        log.info("the target's context length is unknown (%s); prompts are not counted against it", err)
+        return None
 
 
 def settings_key(model_name: str, settings: GenerationSettings) -> str:
@@ -634,8 +648,9 @@ async def converse(prompt: Prompt, ask_turn: Ask, settings: GenerationSettings,
     results (each stretch loops at most once per dataset step, plus the answer that ends it) until one cannot be
     paired or the data ends at a call; under ``execute`` every call runs on the row's own instances, set up once
     for the row, up to BFCL's step limit per stretch (the call turn past it ends the conversation, counted
-    ``step_limit``). Generation and the serving grid drive this one loop; the grid keeps a conversation going past
-    an answer cut by ``max_tokens`` (``end_at_length`` False: its load is the set's turns, not a row to keep).
+    ``step_limit``; one after a call that timed out, ``call_timeout``). Generation and the serving grid drive
+    this one loop; the grid keeps a conversation going past an answer cut by ``max_tokens`` (``end_at_length``
+    False: its load is the set's turns, not a row to keep).
     Raises :class:`bfcl.SetupFailed` for a row whose instances cannot be set up (:func:`generate` refuses
     ``execute`` for a set whose rows have no environment before any request)."""
     mode = _unmatched_mode(prompt, settings)
@@ -676,7 +691,10 @@ async def _converse(prompt: Prompt, ask_turn: Ask, settings: GenerationSettings,
                 if executed == limit:
                     conv.cut = "step_limit"
                     return conv
-                conv.messages += _executed(result.tool_calls, instances, conv)
+                if instances.abandoned:  # an earlier call timed out, its thread may still change the instances
+                    conv.cut = "call_timeout"
+                    return conv
+                conv.messages += await _executed(result.tool_calls, instances, conv)
                 executed += 1
                 continue
             pairing = pair_calls(result.tool_calls, steps, prompt.tools, mode,
@@ -689,11 +707,17 @@ async def _converse(prompt: Prompt, ask_turn: Ask, settings: GenerationSettings,
     return conv
 
 
-def _executed(calls: list[dict], instances: bfcl.Instances, conv: _Conversation) -> list[dict]:
-    """One step: the turn's calls run in the order made, each answered with its result or BFCL's error text."""
+async def _executed(calls: list[dict], instances: bfcl.Instances, conv: _Conversation) -> list[dict]:
+    """One step: the turn's calls run in the order made, each in a thread of its own, answered with its result or
+    BFCL's error text (a call past :data:`bfcl.CALL_TIMEOUT_S`: a timeout error, counted ``timeout``; the turn's
+    later calls are then not run on the abandoned instances, counted ``not_run``). The target sees the errors; its
+    next call ends the conversation (``call_timeout``)."""
     answers = []
     for call in calls:
-        text, error = instances.run(call)
+        if instances.abandoned:
+            text, error = f"{bfcl.EXECUTION_ERROR}not run: an earlier call of the turn timed out", "not_run"
+        else:
+            text, error = await instances.run_bounded(call)
         if error:
             conv.execution_errors[error] += 1
         answers.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],

@@ -25,19 +25,26 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from draftsmith.config.target import Target
+from draftsmith.config.target import Target, load_tokenizer
 from draftsmith.core import compute
 from draftsmith.data.bfcl import SetupFailed
+from draftsmith.data.chat import Renderer
 from draftsmith.data.datasets import Prompt, load_configured
 from draftsmith.evaluation.measure import methods
 from draftsmith.generation.client import RETRYABLE_STATUS, ChatClient, ChatResult, RequestFailed, RetryPolicy
-from draftsmith.generation.generate import GenerationSettings, tool_options
+from draftsmith.generation.generate import (
+    ContextLimit,
+    GenerationSettings,
+    context_tokens,
+    model_context,
+    tool_options,
+)
 from draftsmith.generation.generate import ask as ask_with_tools
 from draftsmith.generation.generate import converse as converse_with_tools
 from draftsmith.generation.server import (
@@ -166,6 +173,9 @@ class SetRun:
     tokens_counted: str = TOKENS_COUNTED["vllm"]  # how the window's tokens were counted (:data:`TOKENS_COUNTED`)
     requests_with_tools: int = 0  # requests inside the window sent with their prompt's tools
     tool_calls: int = 0  # tool calls the target made in them (a target that makes none answers tool prompts in text)
+    ends_at_context: int = 0  # conversations ended where their next request would pass the server's context
+    setup_failed: int = 0  # rows whose tool instances could not be set up (BFCL multi-turn): never sent
+    not_measured: str | None = None  # why the run has no figure: every row's set-up failed, nothing was sent
 
     def as_dict(self) -> dict:
         return {"requests": self.sent, "completed": self.completed, "output_tokens": self.output_tokens,
@@ -174,7 +184,10 @@ class SetRun:
                 "peak_running": self.peak_running, "readings": self.readings, **reading_conditions({}),
                 "repeats": round(self.dispatched / self.prompts, 2), "tokens_counted": self.tokens_counted,
                 "requests_with_tools": self.requests_with_tools, "tool_calls": self.tool_calls,
-                "output_tok_s": self.output_tokens / self.window_s if self.window_s else None}
+                "ends_at_context": self.ends_at_context, "setup_failed": self.setup_failed,
+                **({"not_measured": self.not_measured} if self.not_measured else {}),
+                "output_tok_s": None if self.not_measured or not self.window_s
+                else self.output_tokens / self.window_s}
 
 
 def sampling(max_tokens: int, temperature: float, seeded: bool) -> dict:
@@ -196,7 +209,8 @@ def mean_in_flight(spans: list[tuple[float, float | None]], start: float, end: f
 
 async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int,
                   engine: str = "vllm", drafting: bool = False, rounds: int = FULL_ROUNDS,
-                  tool_rendering: str = "template", reasoning: str = "template") -> tuple[SetRun, dict, dict]:
+                  tool_rendering: str = "template", reasoning: str = "template",
+                  context: ContextLimit | None = None) -> tuple[SetRun, dict, dict]:
     """Hold ``concurrency`` requests in flight over the set (cycled to :func:`requests_for`), each prompt's
     turns answered in order, and time the window where the batch is full (:class:`SetRun`). A window that has
     read the engine fewer than :data:`MIN_READINGS` times when the set is sent is sent one more round of the
@@ -205,6 +219,9 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     while the batch was full. A prompt with tools sends them on every request (``tool_choice: auto``) and its
     calls are answered on generation's own loop, the history sent with the reasoning ``tokenize.reasoning`` keeps
     (``reasoning``) where the set has tools, as generation sends it; the run counts the calls the target made.
+    A conversation whose next request would pass the server's ``context`` ends there, as in generation (counted
+    ``ends_at_context``): its slot goes to the next prompt, as at any other end. A set none of whose rows could
+    be set up sends nothing: the run says why it has no figure (``not_measured``).
     Returns the run and the engine's counters at the window's start and end."""
     root = root_of(base_url)
     per_request = drafting and engine == "sglang"  # SGLang's per-request target steps (never a running mean)
@@ -215,7 +232,8 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     queue = [prompts[i % len(prompts)] for i in range(requests_for(len(prompts), concurrency, rounds))]
     queue.reverse()  # popped from the end: in the set's order
     spans: list[tuple[float, float | None]] = []
-    done = {"requests": 0, "tokens": 0, "steps": 0, "requests_with_tools": 0, "tool_calls": 0}
+    done = {"requests": 0, "tokens": 0, "steps": 0, "requests_with_tools": 0, "tool_calls": 0, "ends_at_context": 0}
+    setup_failed: dict[str, str] = {}  # row id -> why its instances could not be set up
     closed = asyncio.Event()  # the first worker out of work: from then on fewer than `concurrency` are in flight
     failures: list[Exception] = []
     running: list[float] = []
@@ -254,12 +272,17 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         """A prompt's turns in order on generation's own loop (:func:`~draftsmith.generation.generate.converse`):
         calls paired with the dataset's results, or run on the row's own instances (BFCL multi-turn), under each
         row's default (a set's ``unmatched_calls`` does not reach the grid), the history's reasoning as
-        ``tokenize.reasoning`` keeps it, as generation sends it. A row whose instances cannot be set up is named
-        and skipped."""
+        ``tokenize.reasoning`` keeps it, as generation sends it, ended where the next request would pass the
+        ``context``. A row whose instances cannot be set up is named, counted and skipped."""
         try:
-            await converse_with_tools(p, lambda messages: ask(messages, p), settings, end_at_length=False)
+            conv = await converse_with_tools(p, lambda messages: ask(messages, p), settings, context,
+                                             end_at_length=False)
         except SetupFailed as failed:
-            log.warning("%s: its tool instances could not be set up (%s); not sent", p.id, failed)
+            if p.id not in setup_failed:
+                log.warning("%s: its tool instances could not be set up (%s); not sent", p.id, failed)
+            setup_failed[p.id] = str(failed)
+            return
+        done["ends_at_context"] += conv.ends_at_context
 
     async def worker() -> None:
         try:
@@ -308,8 +331,18 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
                  end - start, mean_in_flight(spans, start, full_until),
                  statistics.fmean(running) if running else None, max(running, default=None), len(running),
                  total - len(queue), done["steps"] if per_request else None, done["tokens"], TOKENS_COUNTED[engine],
-                 done["requests_with_tools"], done["tool_calls"])
+                 done["requests_with_tools"], done["tool_calls"], done["ends_at_context"], len(setup_failed),
+                 nothing_set_up(prompts, setup_failed))
     return run, before, after
+
+
+def nothing_set_up(prompts: list[Prompt], setup_failed: dict[str, str]) -> str | None:
+    """Why a set has no figure where none of its rows could be set up (so nothing was sent), else None."""
+    rows = {p.id for p in prompts}
+    if not rows or set(setup_failed) != rows:
+        return None
+    first = next(iter(setup_failed))
+    return f"set-up failed for {len(rows)} of {len(rows)} rows (first: {first}: {setup_failed[first]})"
 
 
 async def _idle(root: str, engine: str, metrics: httpx.AsyncClient, timeout_s: float = 120.0) -> None:
@@ -427,16 +460,18 @@ def for_measurement(spec, tool_call_parser: str | None = None):
 
 def measure(base_url: str, model: str, prompts: list[Prompt], sampling: dict, concurrency: int, engine: str,
             drafting: bool = True, rounds: int = FULL_ROUNDS, tool_rendering: str = "template",
-            reasoning: str = "template") -> dict:
+            reasoning: str = "template", context: ContextLimit | None = None) -> dict:
     """Throughput of one prompt set over its full window (:func:`run_set`); on a drafting server, the
     acceptance over that window: vLLM's counters, or SGLang's target steps of each request answered in it
     (``return_meta_info``: a cell's own figure, where SGLang's ``avg_spec_accept_length`` is a mean since
     the server started)."""
     run, before, after = asyncio.run(run_set(base_url, model, prompts, sampling, concurrency, engine, drafting,
-                                             rounds, tool_rendering, reasoning))
+                                             rounds, tool_rendering, reasoning, context))
     result = run.as_dict()
     why = hold(result, None, concurrency)  # the client's side; a method's run is judged again by its baseline's
     result["held"], result["held_why"] = why is None, why
+    if run.not_measured:
+        log.warning("not measured: %s", run.not_measured)
     if why:
         log.warning("%s, not the %d asked: this run does not hold its concurrency", why, concurrency)
     if drafting and engine == "vllm":
@@ -472,13 +507,14 @@ def warm_up(base_url: str, model: str, sets: dict[str, list[Prompt]], max_tokens
 
 def runs_at(base_url: str, model: str, sets: dict[str, list[Prompt]], temperatures: list[float], max_tokens: int,
             seeded: bool, concurrency: int, engine: str, drafting: bool, rounds: int = FULL_ROUNDS,
-            tool_rendering: str = "template", reasoning: str = "template") -> list[dict]:
+            tool_rendering: str = "template", reasoning: str = "template",
+            context: ContextLimit | None = None) -> list[dict]:
     """Every (set, temperature) at one concurrency on one server, each sent as at least ``rounds`` rounds."""
     runs = []
     for name, prompts in sets.items():
         for t in temperatures:
             measured = measure(base_url, model, prompts, sampling(max_tokens, t, seeded), concurrency, engine,
-                               drafting, rounds, tool_rendering, reasoning)
+                               drafting, rounds, tool_rendering, reasoning, context)
             log.info("%s T=%s at concurrency %d: %s", name, t, concurrency, measured)
             runs.append({"set": name, "temperature": t, "prompts": len(prompts), **measured})
     return runs
@@ -496,6 +532,7 @@ class Grid:
     engine: str
     tool_rendering: str = "template"  # tokenize.tool_rendering: how a set's tools reach the target
     reasoning: str = "template"  # tokenize.reasoning: what a tool set's history sent keeps of the answers' reasoning
+    context: ContextLimit | None = None  # the server's context a request must fit (:func:`with_context`)
 
 
 def grid_of(evaluation: dict, tokenize: dict, base_dir: Path) -> Grid:
@@ -505,6 +542,18 @@ def grid_of(evaluation: dict, tokenize: dict, base_dir: Path) -> Grid:
     return Grid(prompt_sets(evaluation, base_dir), evaluation["temperatures"], evaluation["max_tokens"],
                 evaluation["concurrency"], compute.has_accelerator(), evaluation["engine"],
                 tokenize["tool_rendering"], tokenize["reasoning"])
+
+
+def with_context(grid: Grid, target: Target, server_cfg: dict) -> Grid:
+    """``grid`` whose conversations end where their next request would pass the server's context (its
+    ``max_model_len``, else the target's own), counted with the target's tokenizer and template as generation counts
+    them (:class:`~draftsmith.generation.generate.ContextLimit`; the grid sends no chat_template_kwargs). A live
+    BFCL row's steps and long tool results can outgrow it: the server's refusal would fail the job at every rerun.
+    Unchanged where no context is known."""
+    tokens = context_tokens(server_cfg.get("max_model_len"), model_context(target), [], 0)
+    if not tokens:
+        return grid
+    return replace(grid, context=ContextLimit(tokens, Renderer(load_tokenizer(target)), grid.tool_rendering))
 
 
 # What a server that will not start, dies, or stops answering raises: that cell fails, not the grid.
@@ -734,6 +783,22 @@ def exit_code(running) -> int | None:
     return getattr(running, "exited_before_stop", None)
 
 
+def grid_runs(grid: Grid, base_url: str, model: str, concurrency: int, drafting: bool,
+              rounds: int = FULL_ROUNDS) -> list[dict]:
+    """:func:`runs_at` at one concurrency of ``grid``, every set sent as the grid sends it."""
+    return runs_at(base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, concurrency,
+                   grid.engine, drafting=drafting, rounds=rounds, tool_rendering=grid.tool_rendering,
+                   reasoning=grid.reasoning, context=grid.context)
+
+
+def not_measured(runs: list[dict]) -> dict:
+    """``{"failed": why}`` for a cell with a run that has no figure of its own (a set none of whose rows could be
+    set up, :func:`nothing_set_up`): the cell then has no figure, and the report and card say why, as for a cell
+    whose server failed; else ``{}``."""
+    why = next((f"prompt set {r['set']}: {r['not_measured']}" for r in runs if r.get("not_measured")), None)
+    return {"failed": why} if why else {}
+
+
 def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContextManager]) -> dict:
     """The target alone at every point of ``grid`` on one server. A failure says nothing of any method:
     :class:`BaselineFailed`, the job fails and a rerun measures again (a 4xx is raised as it is)."""
@@ -741,16 +806,12 @@ def measure_baseline(grid: Grid, model: str, server: Callable[[], AbstractContex
     try:
         with _started(grid, model, server, starts, current) as running:
             for c in grid.concurrencies:
-                runs[c] = runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
-                                  grid.seeded, c, grid.engine, drafting=False,
-                                  tool_rendering=grid.tool_rendering, reasoning=grid.reasoning)
+                runs[c] = grid_runs(grid, running.base_url, model, c, drafting=False)
                 if not all(r.get("held", True) for r in runs[c]):  # the target alone's own hold: once more, longer
                     log.warning("the target alone did not hold concurrency %d: measured again at %d rounds", c,
                                 RETRY_ROUNDS * FULL_ROUNDS)
-                    runs[c] = [{**r, "remeasured": True} for r in runs_at(
-                        running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
-                        grid.engine, drafting=False, rounds=RETRY_ROUNDS * FULL_ROUNDS,
-                        tool_rendering=grid.tool_rendering, reasoning=grid.reasoning)]
+                    runs[c] = [{**r, "remeasured": True} for r in grid_runs(
+                        grid, running.base_url, model, c, drafting=False, rounds=RETRY_ROUNDS * FULL_ROUNDS)]
     except SERVING_FAILURES as err:
         if our_fault(err):
             raise
@@ -769,6 +830,8 @@ def hold(run: dict, base: dict | None, concurrency: int) -> str | None:
     max_num_seqs that queues the rest: the target alone's mean, below the concurrency while prompts prefill, is
     the measure, not the concurrency). Runs with no engine reading (an engine with no running gauge) are judged
     by the client, and a record with no client reading by what it has."""
+    if run.get("not_measured"):  # nothing sent: no figure to hold (the cell says why, :func:`not_measured`)
+        return None
     if short(run, concurrency):
         return f"{run['mean_in_flight']:.2f} requests in flight on average, of {concurrency}"
     if base is None:
@@ -849,17 +912,14 @@ def _measure_cell(grid: Grid, model: str, label: str, k: int, server: Callable[[
     server that fails midway leaves what it measured); a point that did not hold (:func:`hold`) measured again."""
     with _started(grid, model, server, starts, current) as running:
         for c in grid.concurrencies:
-            runs = against(runs_at(running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens,
-                                   grid.seeded, c, grid.engine, drafting=True,
-                                   tool_rendering=grid.tool_rendering, reasoning=grid.reasoning), by_point[c], c)
+            runs = against(grid_runs(grid, running.base_url, model, c, drafting=True), by_point[c], c)
             if not all(r["held"] for r in runs):
                 log.warning("%s k=%d did not hold concurrency %d (%s): measured again at %d rounds", label, k,
                             c, next(r["held_why"] for r in runs if not r["held"]), RETRY_ROUNDS * FULL_ROUNDS)
-                runs = [{**r, "remeasured": True} for r in against(runs_at(
-                    running.base_url, model, grid.sets, grid.temperatures, grid.max_tokens, grid.seeded, c,
-                    grid.engine, drafting=True, rounds=RETRY_ROUNDS * FULL_ROUNDS,
-                    tool_rendering=grid.tool_rendering, reasoning=grid.reasoning), by_point[c], c)]
-            done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs})
+                runs = [{**r, "remeasured": True} for r in against(grid_runs(
+                    grid, running.base_url, model, c, drafting=True, rounds=RETRY_ROUNDS * FULL_ROUNDS),
+                    by_point[c], c)]
+            done.append({"drafter": label, "k": k, "concurrency": c, "runs": runs, **not_measured(runs)})
 
 
 def measure_cells(grid: Grid, model: str, baseline: list[dict],

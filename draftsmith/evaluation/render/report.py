@@ -345,8 +345,8 @@ def _evaluation(results: dict) -> list[str]:
                   + ". The engine's prefix cache is off, so a repeated prompt pays its prefill again."]
     failed = [f"- {DISPLAY_NAME[m]} k={c['k']} at concurrency {c['concurrency']}: not measured, {c['failed']}"
               for m, e in results["methods"].items() for c in e.get("cells", []) if c.get("failed")]
-    return lines + (["", "Cells whose server failed (the others of the grid were measured):", "", *failed]
-                    if failed else [])
+    return lines + (["", "Cells not measured: their server failed, or a prompt set sent nothing (the others of the "
+                         "grid were measured):", "", *failed] if failed else [])
 
 
 def _training(training: dict, vocab: dict, gate: dict) -> list[str]:
