@@ -340,11 +340,18 @@ def test_the_grid_ends_a_conversation_at_the_servers_context_counted_and_frees_i
 
     monkeypatch.setattr(ev, "MIN_READINGS", 0)
     long_turn = "word " * 40
-    prompts = [Prompt("chat", ["short question", long_turn]), Prompt("other", ["hi"])]
+    prompts = [Prompt("tools", ["short question", long_turn], tools=TOOLS), Prompt("other", ["hi"], tools=TOOLS)]
+    chat = Prompt("chat", ["short question", long_turn])
     with MeteredToolSim() as sim:
         run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", prompts, {"max_tokens": 8}, 1, rounds=1,
                                            context=ContextLimit(30, Renderer(WordTokenizer()))))
-        sent = sim.requests
+        sent = list(sim.requests)
+        chat_run, _, _ = asyncio.run(ev.run_set(sim.base_url, "m", [chat], {"max_tokens": 8}, 1, rounds=1,
+                                                context=ContextLimit(30, Renderer(WordTokenizer()))))
+        chat_sent = list(sim.requests)[len(sent):]
+    # a chat row's conversation is its dataset's turns: not counted on the client inside the timed window
+    assert any(long_turn in (m["content"] or "") for body in chat_sent for m in body["messages"])
+    assert chat_run.ends_at_context == 0
     assert not any(long_turn in (m["content"] or "") for body in sent for m in body["messages"])
     firsts = [body["messages"][0]["content"] for body in sent]
     assert set(firsts) == {"short question", "hi"} and run.dispatched == len(sent)

@@ -219,7 +219,7 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
     while the batch was full. A prompt with tools sends them on every request (``tool_choice: auto``) and its
     calls are answered on generation's own loop, the history sent with the reasoning ``tokenize.reasoning`` keeps
     (``reasoning``) where the set has tools, as generation sends it; the run counts the calls the target made.
-    A conversation whose next request would pass the server's ``context`` ends there, as in generation (counted
+    A tool conversation whose next request would pass the server's ``context`` ends there, as in generation (counted
     ``ends_at_context``): its slot goes to the next prompt, as at any other end. A set none of whose rows could
     be set up sends nothing: the run says why it has no figure (``not_measured``).
     Returns the run and the engine's counters at the window's start and end."""
@@ -275,8 +275,10 @@ async def run_set(base_url: str, model: str, prompts: list[Prompt], sampling: di
         ``tokenize.reasoning`` keeps it, as generation sends it, ended where the next request would pass the
         ``context``. A row whose instances cannot be set up is named, counted and skipped."""
         try:
-            conv = await converse_with_tools(p, lambda messages: ask(messages, p), settings, context,
-                                             end_at_length=False)
+            # only a conversation with tools grows by itself (calls, results, up to BFCL's step limit); counting a
+            # chat row's requests would tokenize each on the client, inside the timed window, sharing the server's CPU
+            conv = await converse_with_tools(p, lambda messages: ask(messages, p), settings,
+                                             context if p.tools else None, end_at_length=False)
         except SetupFailed as failed:
             if p.id not in setup_failed:
                 log.warning("%s: its tool instances could not be set up (%s); not sent", p.id, failed)
