@@ -480,3 +480,36 @@ def test_training_free_speculation_is_measured_alone_without_hidden_states(workd
     assert re.search(held, md, re.M), md
     ngram = json.loads((tmp_path / "results" / "evaluation" / "ngram.json").read_text())
     assert ngram["cells"][0]["runs"][0]["acceptance"]["tokens_per_step"] >= 1.0
+
+
+def test_a_sampled_gate_at_t06_is_checked_against_its_band_over_rows(workdir, tmp_path):
+    """Users sample at T=0.6 (issue 60): the answers regenerated sampled, the gate serves each validation row
+    several times, each request seeded apart, reads vLLM's per-request counts and judges served against predicted
+    with rows as the unit. Either its band at position 1 is narrower than the 0.8-1.25 tolerance and the ratio is
+    within it, or it says it cannot tell and how many rows would; a position no band judges is never flagged."""
+    work = tmp_path / "sampled"
+    shutil.copytree(workdir, work, symlinks=True)
+    sampled = write_config(tmp_path, lambda c: [d["generation"].update(temperature=0.6)
+                                                for d in c["datasets"].values()], "sampled.yaml")
+    proc = snakemake(work, "results/drafters/eagle3/gate.json", config=sampled)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    gate = json.loads((work / "results" / "drafters" / "eagle3" / "gate.json").read_text())
+    assert gate["passed"] and gate["predicted"]["exactness"]["basis"] == "estimate", gate["verdict"]
+    assert gate["predicted"]["exactness"]["sampled"]["sampling"][0]["temperature"] == 0.6
+    rows, samples = gate["validation_rows"], gate["samples"]
+    assert samples > 1 and len(gate["served_per_row"]) == rows == gate["resolution"]["rows"]
+    assert sum(r["drafts"] for r in gate["served_per_row"]) == gate["acceptance"]["drafts"] > 0
+    resolution, first = gate["resolution"], gate["positions"][0]
+    assert resolution["seed"] == gate["seed"] is not None and f"seed {gate['seed']}" in gate["verdict"]
+    if first["flag"] is None:  # too few accepted drafts predicted to judge
+        assert first["ratio"] is None and resolution["why"] == "too few accepted"
+    else:  # flagged only beyond both the band over rows and the tolerance
+        beyond = abs(first["served"] - first["predicted"]) > 3 * first["spread"] and not 0.8 <= first["ratio"] <= 1.25
+        assert first["flag"] == beyond, gate["positions"]
+        if resolution["can_tell"]:
+            assert resolution["band"] < resolution["tolerance"]
+        else:
+            assert resolution["rows_needed"] > rows and f"about {resolution['rows_needed']} rows" in gate["verdict"]
+    assert all(p["ratio"] is None for p in gate["positions"] if p["predicted_accepted"] < 10)
+    print(f"\nT=0.6 gate: {rows} rows x {samples}, position 1 predicted {first['predicted']:.3f} served "
+          f"{first['served']:.3f}; {resolution}", file=sys.stderr)
