@@ -412,6 +412,14 @@ def test_the_sampled_gate_takes_rows_not_drafts_as_its_unit():
         "cannot tell sampling from a fault at this size; about 160 rows would (export.gate_prompts)" in verdict
 
 
+def test_a_sampled_gate_too_weak_to_judge_its_mapping_still_says_what_it_can_tell():
+    """A drafter predicted below 0.1 at position 1 (the e2e's tiny one at T=0.6 may be) passes unjudged: its verdict
+    still names the gate's seed and size and whether it can tell, as every other sampled verdict does."""
+    ok, verdict, _, resolution = sampled_gate(rows_of([1, 2, 3, 2] * 4), rows_of([2, 1, 2, 3] * 4))
+    assert ok and "too weak" in verdict and resolution["rows"] == 16
+    assert "over 16 rows x 1 served sample each (seed 1234, one seed per request from it)" in verdict
+
+
 def test_a_sampled_gate_of_enough_rows_tells_and_flags_a_fault_beyond_its_band():
     """64 rows whose counts vary little: the band is narrower than the tolerance, so a drafter that halves the
     acceptance is flagged, and a gap of 1.1x is within the band. Rows the server gave no counts for: no band,

@@ -426,11 +426,12 @@ def gate_verdict(acceptance: dict, expected_first: float | None, min_expected: f
     served = (served_rates or [0.0])[0] or 0.0
     if expected_first is None or expected_first < min_expected:
         return True, (f"served first-token acceptance {served:.3f}; the drafter is too weak ({source} "
-                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping"), \
+                      f"{expected_first if expected_first is not None else 'unknown'}) to judge its mapping{told}"), \
             positions, resolution
     if served < expected_first / 4:
         return False, (f"served first-token acceptance {served:.3f} is far below the {source} one "
-                       f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target"), \
+                       f"{expected_first:.3f}: the vocabulary mapping or the layer ids do not match the target"
+                       f"{told}"), \
             positions, resolution
     flagged = [f"{p['position']} {p['direction']}" for p in positions if p["flag"]]
     return True, (f"served first-token acceptance {served:.3f} ({source} {expected_first:.3f}{label})"
