@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from draftsmith.config.load import EMBEDDED, WORKFLOW_DIR, load_layers, validate_config  # noqa: E402
 from draftsmith.config.target import resolve  # noqa: E402
+from draftsmith.core import compute  # noqa: E402
 from draftsmith.evaluation.measure import evaluate as ev  # noqa: E402
 from draftsmith.generation.generate import answer_sampling, model_sampling  # noqa: E402
 from draftsmith.generation.server import managed_server  # noqa: E402
@@ -140,11 +141,12 @@ def main() -> None:
     # the served answers' hidden states: the stored layers, in the stored states' dtype
     probe = next(iter(stores.values())).read(replay.held_out(table, skip, 1)[0]["source_row"])["hidden_states"]
     served = Served()
+    device = compute.device()  # the job's accelerator where it has one, as the gate's replay runs
     todo = [(i, [*requests[i][0], *served_ids[i]]) for i in range(len(requests))]
     extract_transformers(tgt.model, todo, served, aux, threads=torch.get_num_threads(),
-                         dtype=str(probe.dtype).removeprefix("torch."), device="cpu")
-    head = replay.TargetHead(Path(tgt.model))
-    drafter = replay.load_drafter(checkpoint, Path(tgt.model))
+                         dtype=str(probe.dtype).removeprefix("torch."), device=device)
+    head = replay.TargetHead(Path(tgt.model), device)
+    drafter = replay.load_drafter(checkpoint, Path(tgt.model), device)
     served_rows = []
     samplings_served = [{key: v for key, v in s.items() if key != "seed"} for _, _, s in requests]  # a draw's seed
     for i, (ids, _, _) in enumerate(requests):  # is no sampling parameter: the expected walk would refuse it
@@ -159,12 +161,12 @@ def main() -> None:
     expected_served = walked(replay.predict(drafter, served_rows, stores_served, [k], window=ex.GATE_WINDOW,
                                             first_turn_only=True, head=head)[k][1])
     predicted, why = replay.at_gate(checkpoint, table, stores, skip, Path(tgt.model), len(rows), k, ex.GATE_WINDOW,
-                                    "cpu", samplings)
+                                    device, samplings)
     if predicted is None:
         raise SystemExit(f"the stored-answer replay failed: {why}")
 
     # the answers themselves: log-probability and argmax share, stored against served
-    stored_rows, _ = replay.rows_and_head(table, stores, skip, Path(tgt.model), "cpu", samplings, limit=len(rows),
+    stored_rows, _ = replay.rows_and_head(table, stores, skip, Path(tgt.model), device, samplings, limit=len(rows),
                                           tokens=2**62)
     text_stats = {"stored": [0.0, 0, 0], "served": [0.0, 0, 0]}
     for row in stored_rows:
